@@ -1,0 +1,29 @@
+# Two entry points: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test venv bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(BIN)/perfcast estimate meta-llama/Llama-3.1-8B --device h100_sxm --tp-size 1 --num-queries 1 --query-length 2048
+	$(BIN)/perfcast estimate meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --num-queries 64 --query-length 1 --context-length 4096 --decode
+
+test: venv
+	$(BIN)/python -m pytest -n 2 tests
+
+bench: venv
+	$(BIN)/python benchmarks/estimate_speed.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

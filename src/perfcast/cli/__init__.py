@@ -1,0 +1,1 @@
+"""The `perfcast` command line. One module per command group."""

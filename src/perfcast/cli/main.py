@@ -1,0 +1,21 @@
+"""`perfcast` entry point: assembles the command groups."""
+
+from __future__ import annotations
+
+import typer
+
+from perfcast.cli import catalog, estimate
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict LLM inference performance on accelerators, with provenance.")
+app.command("estimate")(estimate.estimate_command)
+app.command("devices")(catalog.devices_command)
+app.command("models")(catalog.models_command)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

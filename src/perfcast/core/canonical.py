@@ -1,0 +1,143 @@
+"""Canonical JSON encoding and domain-separated content digests.
+
+The canonical form is the identity of every immutable artifact (model spec, system,
+task graph, evidence database, calibration revision):
+
+* mapping keys are sorted; records are tagged with their type name under "$type";
+* ints, floats and bools stay distinct (1, 1.0 and true encode differently);
+* floats use the shortest repr that round-trips; NaN and infinities are rejected;
+* enums encode as {"$enum": "Class", "value": ...}; tuples and lists both as arrays.
+
+A digest is "sha256:" + hex of sha256(domain + NUL + canonical bytes), so equal bytes
+in different domains (a query vs. a database) never share a digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from perfcast.core.errors import PerfcastError
+
+
+class CanonicalEncodingError(PerfcastError, ValueError):
+    """A value has no canonical form (NaN, infinity, an unsupported type)."""
+
+
+def _float_token(value: float, path: str) -> str:
+    if not math.isfinite(value):
+        raise CanonicalEncodingError(f"non-finite float {value!r} at {path or '<root>'}")
+    text = repr(float(value))
+    if "e" in text or "E" in text:
+        mantissa, exponent = text.lower().split("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        text = f"{mantissa}e{int(exponent)}"
+    return text
+
+
+def _encode(value: Any, path: str, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, enum.Enum):
+        out.append('{"$enum":')
+        out.append(json.dumps(type(value).__name__))
+        out.append(',"value":')
+        _encode(value.value, path, out)
+        out.append("}")
+    elif isinstance(value, int):
+        out.append(str(int(value)))
+    elif isinstance(value, float):
+        out.append(_float_token(value, path))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, bytes):
+        raise CanonicalEncodingError(f"bytes are not canonical at {path or '<root>'}")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                  if f.metadata.get("canonical", True)}
+        fields["$type"] = type(value).__name__
+        _encode_mapping(fields, path, out)
+    elif isinstance(value, Mapping):
+        _encode_mapping(value, path, out)
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, f"{path}[{i}]", out)
+        out.append("]")
+    elif isinstance(value, (set, frozenset)):
+        items = sorted(value, key=lambda v: canonical_json(v))
+        _encode(list(items), path, out)
+    else:
+        try:
+            import numpy as np  # numpy scalars appear in importer output
+        except ImportError:  # pragma: no cover
+            np = None
+        if np is not None and isinstance(value, np.generic):
+            _encode(value.item(), path, out)
+            return
+        raise CanonicalEncodingError(
+            f"no canonical form for {type(value).__name__} at {path or '<root>'}")
+
+
+def _encode_mapping(mapping: Mapping, path: str, out: list[str]) -> None:
+    keys = list(mapping.keys())
+    for k in keys:
+        if not isinstance(k, str):
+            raise CanonicalEncodingError(
+                f"mapping key {k!r} at {path or '<root>'} is not a string")
+    out.append("{")
+    for i, key in enumerate(sorted(keys)):
+        if i:
+            out.append(",")
+        out.append(json.dumps(key, ensure_ascii=False))
+        out.append(":")
+        _encode(mapping[key], f"{path}.{key}", out)
+    out.append("}")
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical UTF-8 JSON bytes of a value."""
+    out: list[str] = []
+    _encode(value, "", out)
+    return "".join(out).encode("utf-8")
+
+
+def content_digest(domain: str, value: Any) -> str:
+    """Domain-separated sha256 digest of the canonical encoding of `value`."""
+    if not domain or "\0" in domain:
+        raise ValueError("digest domain must be a non-empty string without NUL")
+    h = hashlib.sha256()
+    h.update(domain.encode("utf-8"))
+    h.update(b"\0")
+    h.update(canonical_json(value))
+    return "sha256:" + h.hexdigest()
+
+
+class Record:
+    """Mixin for frozen dataclasses: a stable, cached content `digest`.
+
+    Subclasses set `DIGEST_DOMAIN` (defaults to "perfcast.<ClassName>").
+    """
+
+    DIGEST_DOMAIN: str = ""
+
+    @property
+    def digest(self) -> str:
+        cached = self.__dict__.get("_digest_cache")
+        if cached is None:
+            domain = self.DIGEST_DOMAIN or f"perfcast.{type(self).__name__}"
+            cached = content_digest(domain, self)
+            object.__setattr__(self, "_digest_cache", cached)
+        return cached

@@ -1,0 +1,24 @@
+"""Architecture facts: devices, engines, memory and interconnect tiers."""
+
+from perfcast.hardware.model import (
+    Device,
+    Efficiency,
+    Engine,
+    EngineKind,
+    InterconnectTier,
+    MemorySpec,
+    System,
+)
+from perfcast.hardware.catalog_loader import available_devices, load_system
+
+__all__ = [
+    "Device",
+    "Efficiency",
+    "Engine",
+    "EngineKind",
+    "InterconnectTier",
+    "MemorySpec",
+    "System",
+    "available_devices",
+    "load_system",
+]

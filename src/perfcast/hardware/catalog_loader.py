@@ -1,0 +1,190 @@
+"""Load a System from the packaged YAML catalog or a user file, validating every field."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from perfcast.core.dtypes import DType
+from perfcast.core.errors import ConfigError
+from perfcast.core.frozen import FrozenDict
+from perfcast.hardware.model import (
+    Device,
+    Efficiency,
+    Engine,
+    EngineKind,
+    InterconnectTier,
+    MemorySpec,
+    System,
+)
+
+_CATALOG_PACKAGE = "perfcast.hardware"
+_ENGINE_KEYS = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
+_TOPOLOGIES = {"switch", "ring", "full_mesh", "torus", "fat_tree"}
+TERA = 1e12
+GIGA = 1e9
+MICRO = 1e-6
+
+
+def _catalog_dir() -> Path:
+    return Path(str(resources.files(_CATALOG_PACKAGE).joinpath("catalog")))
+
+
+def available_devices() -> list[str]:
+    """Names of the packaged device profiles (file stems)."""
+    return sorted(p.stem for p in _catalog_dir().glob("*.yaml"))
+
+
+class _Reader:
+    """Typed field access that names file and field on every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def get(self, node: Any, key: str, path: str, kind: str, *, required: bool = True,
+            default: Any = None) -> Any:
+        if not isinstance(node, dict):
+            raise ConfigError("is not a mapping", source=self.source, field=path or "<root>",
+                              expected="a mapping")
+        full = f"{path}.{key}" if path else key
+        if key not in node or node[key] is None:
+            if required:
+                raise ConfigError("is missing", source=self.source, field=full,
+                                  expected=kind)
+            return default
+        value = node[key]
+        if kind == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"has value {value!r}", source=self.source, field=full,
+                                  expected="a number")
+            if value < 0:
+                raise ConfigError(f"is negative ({value})", source=self.source, field=full,
+                                  expected="a non-negative number")
+            return float(value)
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"has value {value!r}", source=self.source, field=full,
+                                  expected="an integer")
+            return value
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ConfigError(f"has value {value!r}", source=self.source, field=full,
+                                  expected="a string")
+            return value
+        if kind == "mapping":
+            if not isinstance(value, dict):
+                raise ConfigError(f"has value {value!r}", source=self.source, field=full,
+                                  expected="a mapping")
+            return value
+        if kind == "list":
+            if not isinstance(value, list):
+                raise ConfigError(f"has value {value!r}", source=self.source, field=full,
+                                  expected="a list")
+            return value
+        raise AssertionError(kind)
+
+
+def _engine(r: _Reader, node: dict, path: str, kind: EngineKind) -> Engine:
+    peaks = r.get(node, "peak_tflops", path, "mapping")
+    rates: dict[str, float] = {}
+    for key in peaks:
+        if key not in _ENGINE_KEYS:
+            raise ConfigError(f"unknown dtype key {key!r}", source=r.source,
+                              field=f"{path}.peak_tflops",
+                              expected="keys among " + ", ".join(sorted(_ENGINE_KEYS)))
+        rates[DType(key).value] = r.get(peaks, key, f"{path}.peak_tflops", "number") * TERA
+    if not rates:
+        raise ConfigError("is empty", source=r.source, field=f"{path}.peak_tflops",
+                          expected="at least one dtype rate")
+    return Engine(kind=kind, peak_ops_per_s=FrozenDict(rates))
+
+
+def system_from_mapping(data: Any, source: str, expected_name: str | None = None) -> System:
+    r = _Reader(source)
+    if not isinstance(data, dict):
+        raise ConfigError("top level is not a mapping", source=source, expected="a mapping")
+    name = r.get(data, "name", "", "str")
+    if expected_name is not None and name != expected_name:
+        raise ConfigError(f"name {name!r} differs from the file stem {expected_name!r}",
+                          source=source, field="name")
+    dev = r.get(data, "device", "", "mapping")
+    engines = {EngineKind.MATRIX.value: _engine(r, r.get(dev, "matrix_engine", "device", "mapping"),
+                                                "device.matrix_engine", EngineKind.MATRIX),
+               EngineKind.VECTOR.value: _engine(r, r.get(dev, "vector_engine", "device", "mapping"),
+                                                "device.vector_engine", EngineKind.VECTOR)}
+    if "fp32" not in engines["vector"].peak_ops_per_s:
+        raise ConfigError("has no fp32 rate", source=source, field="device.vector_engine.peak_tflops",
+                          expected="an fp32 entry")
+    mem = r.get(dev, "memory", "device", "mapping")
+    memory = MemorySpec(
+        capacity_bytes=int(r.get(mem, "capacity_gib", "device.memory", "number") * 2**30),
+        bw_bytes_per_s=r.get(mem, "bandwidth_gb_per_s", "device.memory", "number") * GIGA)
+    device = Device(name=name, vendor=r.get(data, "vendor", "", "str"),
+                    engines=FrozenDict(engines), memory=memory,
+                    launch_overhead_s=r.get(dev, "launch_overhead_us", "device", "number") * MICRO)
+    eff_node = r.get(data, "efficiency", "", "mapping", required=False, default={})
+    eff = Efficiency(**{k: r.get(eff_node, k, "efficiency", "number", required=False,
+                                 default=getattr(Efficiency(), k))
+                        for k in ("matrix", "vector", "memory")})
+    for k in ("matrix", "vector", "memory"):
+        if not 0 < getattr(eff, k) <= 1:
+            raise ConfigError(f"is {getattr(eff, k)}", source=source, field=f"efficiency.{k}",
+                              expected="a fraction in (0, 1]")
+    tiers = []
+    for i, node in enumerate(r.get(data, "interconnect", "", "list")):
+        path = f"interconnect[{i}]"
+        topology = r.get(node, "topology", path, "str")
+        if topology not in _TOPOLOGIES:
+            raise ConfigError(f"unknown topology {topology!r}", source=source,
+                              field=f"{path}.topology", expected=" | ".join(sorted(_TOPOLOGIES)))
+        capacity = r.get(node, "group_capacity", path, "int", required=False)
+        efficiency = r.get(node, "efficiency", path, "number", required=False, default=0.8)
+        if not 0 < efficiency <= 1:
+            raise ConfigError(f"is {efficiency}", source=source, field=f"{path}.efficiency",
+                              expected="a fraction in (0, 1]")
+        tiers.append(InterconnectTier(
+            name=r.get(node, "name", path, "str"),
+            bw_bytes_per_s=r.get(node, "bandwidth_gb_per_s", path, "number") * GIGA,
+            latency_s=r.get(node, "latency_us", path, "number") * MICRO,
+            efficiency=efficiency, topology=topology, group_capacity=capacity))
+    sources = r.get(data, "sources", "", "list", required=False, default=[])
+    return System(name=name, description=r.get(data, "description", "", "str", required=False,
+                                                 default=name),
+                  device=device, efficiency=eff, tiers=tuple(tiers),
+                  sources=tuple(str(s) for s in sources))
+
+
+def load_system_file(path: str | Path) -> System:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read device file: {exc.strerror}", source=str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"is not valid YAML: {exc}", source=str(p)) from None
+    return system_from_mapping(data, str(p))
+
+
+@functools.lru_cache(maxsize=64)
+def _load_catalog(name: str) -> System:
+    path = _catalog_dir() / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return system_from_mapping(data, str(path), expected_name=name)
+
+
+def load_system(device: str | Path) -> System:
+    """A catalog name (`h100_sxm`) or a path to a YAML file of the same schema."""
+    text = str(device)
+    if text.endswith((".yaml", ".yml")) or "/" in text or Path(text).is_file():
+        return load_system_file(text)
+    names = available_devices()
+    if text not in names:
+        raise ConfigError(f"unknown device {text!r}", field="--device",
+                          expected="a catalog name (" + ", ".join(names) + ") or a YAML path")
+    return _load_catalog(text)

@@ -1,0 +1,1 @@
+"""Outputs: per-op tables, metrics JSON and Chrome traces."""

@@ -1,0 +1,97 @@
+"""Aggregate a StepResult into per-op rows and the JSON document of `perfcast estimate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfcast.estimate import StepResult
+from perfcast.workload.tensors import TaskKind
+
+
+@dataclass(frozen=True)
+class OpRow:
+    lineage: str
+    group: str
+    operator: str
+    count: int
+    latency_s: float          # all calls on one device
+    avg_latency_s: float      # one call
+    bound: str                # compute | memory | comm | launch | measured | none
+    share: float
+    method: str
+    provider: str
+    flops: float              # whole step, all devices
+    bytes: float              # whole step, all devices
+    input_shapes: str
+
+
+def _bound(ct) -> str:
+    est = ct.resolution.estimate
+    if ct.task.kind is TaskKind.COMMUNICATION:
+        return "comm"
+    if ct.task.kind is TaskKind.VIEW:
+        return "none"
+    return est.bottleneck or est.method.value
+
+
+def op_rows(result: StepResult) -> list[OpRow]:
+    total = result.latency_s or 1.0
+    rows = []
+    for ct in result.costed.tasks:
+        t = ct.task
+        est = ct.resolution.estimate
+        rows.append(OpRow(
+            lineage=t.lineage, group=t.group, operator=t.operator, count=t.count,
+            latency_s=ct.total_latency_s, avg_latency_s=ct.latency_s, bound=_bound(ct),
+            share=ct.total_latency_s / total, method=est.method.value, provider=est.provider,
+            flops=t.work.flops * t.count * t.devices,
+            bytes=(t.work.bytes_total + t.work.message_bytes) * t.count * t.devices,
+            input_shapes=";".join(",".join(map(str, s.shape)) for s in t.inputs)))
+    return rows
+
+
+def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str, Any]:
+    g = result.graph
+    mem = g.memory
+    cap = result.system.device.memory.capacity_bytes
+    ops = []
+    for row, ct in zip(op_rows(result), result.costed.tasks):
+        est = ct.resolution.estimate
+        op: dict[str, Any] = {
+            "lineage": row.lineage, "operator": row.operator, "group": row.group,
+            "count": row.count, "latency_s": row.latency_s, "avg_latency_s": row.avg_latency_s,
+            "method": row.method, "provider": row.provider, "provider_revision":
+            est.provider_revision, "bound": row.bound, "flops": row.flops, "bytes": row.bytes,
+            "confidence": est.confidence, "raw_record_ids": list(est.raw_record_ids),
+            "assumptions": list(est.assumptions),
+        }
+        if include_attempts:
+            op["attempts"] = [{"provider": a.provider, "outcome": a.outcome.value,
+                               "reason": a.reason} for a in ct.resolution.attempts]
+        ops.append(op)
+    batch = g.batch
+    return {
+        "model": g.model.name,
+        "model_digest": g.model.digest,
+        "device": result.system.name,
+        "system_digest": result.system.digest,
+        "task_graph_digest": g.digest,
+        "resolver": result.costed.resolver_identity,
+        "parallel": {"tp": g.plan.tp, "pp": g.plan.pp, "dp": g.plan.dp, "ep": g.plan.ep,
+                     "num_devices": g.num_devices},
+        "batch": {"phase": batch.phase, "tokens": batch.tokens,
+                  "segments": [{"num_requests": s.num_requests, "q_tokens": s.q_tokens,
+                                "context_tokens": s.context_tokens} for s in batch.segments]},
+        "precision": {"weight": g.precision.weight, "activation": g.precision.activation,
+                      "kv_cache": g.precision.kv_cache},
+        "latency_s": result.latency_s,
+        "sum_of_tasks_s": result.costed.sum_of_tasks_s(),
+        "tokens_per_s_per_device": result.tokens_per_s_per_device,
+        "work": {"flops": g.total_flops(), "bytes": g.total_bytes()},
+        "memory_bytes": {"weights": mem.weights, "kv_cache": mem.kv_cache,
+                         "activations": mem.activations, "total": mem.total, "capacity": cap,
+                         "fits": mem.total <= cap},
+        "conventions": dict(g.conventions),
+        "ops": ops,
+    }

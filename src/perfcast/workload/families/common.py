@@ -1,0 +1,88 @@
+"""Pieces shared by model families: norms, embedding, LM head, TP helpers."""
+
+from __future__ import annotations
+
+from perfcast.core.dtypes import dtype_bytes
+from perfcast.core.errors import ConfigError
+from perfcast.workload.graph import GraphBuilder
+from perfcast.workload.tensors import TensorSpec
+
+
+def check_divisible(value: int, by: int, what: str, constraint: str) -> int:
+    if by <= 0 or value % by:
+        raise ConfigError(f"{what}={value} is not divisible by {constraint}={by}",
+                          field=constraint.split(" ")[0], expected=f"a divisor of {value}")
+    return value // by
+
+
+def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=None, deps=(),
+             residual: bool = True, stage: int = 0, count: int | None = None,
+             weight_shards: int = 1) -> str:
+    """RMSNorm (with the residual add fused when `residual`): ~4 FLOPs per element for
+    the norm plus 1 for the add; reads input (+ residual) and weight, writes output (+ sum)."""
+    act = b.precision.activation
+    x = TensorSpec((tokens, width), act)
+    inputs = (x, x) if residual else (x,)
+    outputs = (x, x) if residual else (x,)
+    operator = "tensor_cast.add_rms_norm.default" if residual else "tensor_cast.rms_norm.default"
+    flops = tokens * width * (5 if residual else 4)
+    return b.elementwise(group, operator, "norm", inputs=inputs, outputs=outputs, flops=flops,
+                         layers=layers, deps=deps, weight_params=width,
+                         weight_shards=weight_shards, stage=stage, count=count,
+                         extra_bytes_read=width * dtype_bytes(act))
+
+
+def tp_all_reduce(b: GraphBuilder, group: str, tokens: int, width: int, tp: int, *, layers=None,
+                  deps=(), stage: int = 0) -> str | None:
+    if tp <= 1:
+        return None
+    return b.collective(group, "all_reduce", layers=layers, deps=deps, stage=stage,
+                        message_bytes=tokens * width * dtype_bytes(b.precision.activation),
+                        participants=tp)
+
+
+def embedding(b: GraphBuilder, tokens: int, *, stage: int = 0) -> str:
+    """Vocab-parallel embedding lookup: reads one row per token, no FLOPs; TP ranks
+    all-reduce the partial rows."""
+    m = b.model
+    tp = b.plan.tp
+    act = b.precision.activation
+    rows = TensorSpec((tokens, m.hidden_size), act)
+    local_vocab = -(-m.vocab_size // tp)
+    lin = b.elementwise("embed.lookup", "aten.embedding.default", "embedding",
+                        inputs=(TensorSpec((tokens,), "int64"),), outputs=(rows,), flops=0,
+                        weight_params=local_vocab * m.hidden_size, weight_shards=tp,
+                        stage=stage, extra_bytes_read=rows.nbytes)
+    ar = tp_all_reduce(b, "embed.all_reduce", tokens, m.hidden_size, tp, deps=(lin,), stage=stage)
+    return ar or lin
+
+
+def lm_head(b: GraphBuilder, tokens: int, logits_tokens: int, *, deps=(), stage: int = 0) -> str:
+    """Final norm over every token, then the vocab-parallel LM head GEMM for the
+    positions that need logits, then an all-gather of the logits across TP ranks."""
+    m = b.model
+    tp = b.plan.tp
+    norm = rms_norm(b, "final.norm", tokens, m.hidden_size, deps=deps, residual=True, stage=stage)
+    local_vocab = -(-m.vocab_size // tp)
+    tied = m.tie_word_embeddings
+    head = b.gemm("final.lm_head", logits_tokens, local_vocab, m.hidden_size, deps=(norm,),
+                  weight_shards=1 if tied else tp, stage=stage,
+                  extra={"tied_to_embedding": tied})
+    if tied:
+        # the weight is the embedding matrix, already counted once
+        b.tasks[-1] = _drop_weight_params(b.tasks[-1])
+    if tp > 1:
+        return b.collective("final.logits_all_gather", "all_gather", deps=(head,), stage=stage,
+                            message_bytes=logits_tokens * local_vocab * tp
+                            * dtype_bytes(b.precision.activation), participants=tp)
+    return head
+
+
+def _drop_weight_params(task):
+    from dataclasses import replace
+
+    from perfcast.core.frozen import FrozenDict
+
+    attrs = dict(task.attributes)
+    attrs["weight_params"] = 0
+    return replace(task, attributes=FrozenDict(attrs))

@@ -1,0 +1,157 @@
+"""ModelSpec: the facts of a HuggingFace `config.json` that determine work."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from perfcast.core.canonical import Record
+from perfcast.core.dtypes import DType, parse_dtype
+from perfcast.core.errors import ConfigError
+from perfcast.core.frozen import FrozenDict, freeze
+
+
+@dataclass(frozen=True)
+class ModelSpec(Record):
+    """Architecture facts read from `config.json`. `raw` keeps the whole config so that
+    model families can read their own fields; the digest covers everything."""
+
+    name: str
+    model_type: str
+    architectures: tuple[str, ...]
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    weight_dtype: str
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    sliding_window: int | None = None
+    raw: FrozenDict[str, Any] = field(default_factory=FrozenDict)
+    source: str = ""
+
+    DIGEST_DOMAIN = "perfcast.ModelSpec"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key, default)
+        return default if value is None else value
+
+
+def _catalog_dir() -> Path:
+    return Path(str(resources.files("perfcast.workload").joinpath("model_catalog")))
+
+
+def builtin_models() -> list[str]:
+    """HuggingFace ids of the shipped configs."""
+    return sorted(p.stem.replace("--", "/", 1) for p in _catalog_dir().glob("*.json"))
+
+
+def _require(cfg: dict, key: str, source: str, kind: type | tuple = int) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError("is missing", source=source, field=key, expected=_kind_name(kind))
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"has value {value!r}", source=source, field=key,
+                          expected=_kind_name(kind))
+    if isinstance(value, int) and value <= 0:
+        raise ConfigError(f"has value {value!r}", source=source, field=key,
+                          expected="a positive integer")
+    return value
+
+
+def _kind_name(kind: type | tuple) -> str:
+    return {int: "a positive integer", str: "a string", float: "a number"}.get(kind, str(kind))
+
+
+def _text_config(cfg: dict) -> dict:
+    """Multimodal wrappers (Qwen3-VL, Llama-4, Gemma) keep the LM under `text_config`."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, dict) and "hidden_size" in inner and "hidden_size" not in cfg:
+        merged = dict(inner)
+        for key in ("quantization_config", "tie_word_embeddings", "torch_dtype"):
+            if key in cfg and key not in merged:
+                merged[key] = cfg[key]
+        merged.setdefault("architectures", cfg.get("architectures", []))
+        return merged
+    return cfg
+
+
+def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>") -> ModelSpec:
+    """Validate a parsed config.json and build a ModelSpec. Errors name file and field."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("top level is not a JSON object", source=source)
+    cfg = _text_config(cfg)
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError("is missing", source=source, field="model_type", expected="a string")
+    hidden = _require(cfg, "hidden_size", source)
+    heads = _require(cfg, "num_attention_heads", source)
+    layers = _require(cfg, "num_hidden_layers", source)
+    vocab = _require(cfg, "vocab_size", source)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
+        raise ConfigError(f"has value {kv_heads!r}", source=source, field="num_key_value_heads",
+                          expected="a positive integer")
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads={heads} is not a multiple of it ({kv_heads})",
+                          source=source, field="num_key_value_heads")
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ConfigError(f"has value {head_dim!r}", source=source, field="head_dim",
+                          expected="a positive integer")
+    intermediate = cfg.get("intermediate_size") or 0
+    if isinstance(intermediate, bool) or not isinstance(intermediate, int) or intermediate < 0:
+        raise ConfigError(f"has value {intermediate!r}", source=source,
+                          field="intermediate_size", expected="a non-negative integer")
+    dtype_text = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    try:
+        weight_dtype = parse_dtype(dtype_text, source=source, field="torch_dtype")
+    except ConfigError:
+        raise
+    if weight_dtype not in (DType.BF16, DType.FP16, DType.FP32):
+        weight_dtype = DType.BF16
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None
+    archs = cfg.get("architectures") or []
+    return ModelSpec(
+        name=name or source, model_type=model_type, architectures=tuple(archs),
+        hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        weight_dtype=weight_dtype.value, hidden_act=str(cfg.get("hidden_act", "silu")),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        sliding_window=window if isinstance(window, int) and window > 0 else None,
+        raw=freeze(cfg), source=source)
+
+
+def load_model_spec(model: str | Path) -> ModelSpec:
+    """MODEL is a config.json path, a folder holding one, or a built-in HuggingFace id."""
+    text = str(model)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError("folder holds no config.json", source=text)
+    elif not path.is_file():
+        builtin = _catalog_dir() / (text.replace("/", "--", 1) + ".json")
+        if not builtin.is_file():
+            raise ConfigError(f"unknown model {text!r}", field="MODEL",
+                              expected="a config.json path, a folder holding one, or a "
+                                       "built-in id (" + ", ".join(builtin_models()) + ")")
+        path = builtin
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"is not valid JSON (line {exc.lineno}: {exc.msg})",
+                          source=str(path)) from None
+    name = text if not Path(text).exists() else (cfg.get("_name_or_path") or path.parent.name
+                                                 if path.name == "config.json" else path.stem)
+    return model_spec_from_config(cfg, name=str(name), source=str(path))
