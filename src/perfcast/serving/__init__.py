@@ -1,0 +1,1 @@
+"""Serving: step cost model, engine policies, clients, simulator, search, silicon validation."""

@@ -1,0 +1,174 @@
+"""Engine defaults per serving backend, read from `backends/<name>.yaml`.
+
+Each value in those files carries a `<field>_source` line; the loader refuses a file
+whose numeric field lacks one, so that no constant enters the simulator unexplained.
+Users can pass their own YAML path instead of a built-in name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from perfcast.core.errors import ConfigError
+
+POLICIES = ("decode_first", "prefill_first", "inflight")
+ADMISSIONS = ("incremental", "reserve_full")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Documented scheduler policy plus its parameters (see docs/serving.md)."""
+
+    policy: str = "decode_first"
+    token_budget: int = 8192
+    max_running_requests: int = 1024
+    chunked_prefill: bool = True
+    mix_decode_and_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown scheduler policy {self.policy!r}", field="policy",
+                              expected=" | ".join(POLICIES))
+        if self.token_budget < 1 or self.max_running_requests < 1:
+            raise ConfigError("token_budget and max_running_requests must be >= 1",
+                              field="scheduler", expected="positive integers")
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    admission: str = "incremental"
+    block_tokens: int = 16
+    memory_fraction: float = 0.9
+    fraction_of: str = "total"          # total | free_after_weights
+    activation_reserve_gib: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSIONS:
+            raise ConfigError(f"unknown KV admission {self.admission!r}", field="admission",
+                              expected=" | ".join(ADMISSIONS))
+        if self.fraction_of not in ("total", "free_after_weights"):
+            raise ConfigError(f"unknown value {self.fraction_of!r}", field="fraction_of",
+                              expected="total | free_after_weights")
+
+
+@dataclass(frozen=True)
+class CudaGraphConfig:
+    decode_only: bool = True
+    max_batch: int = 0
+    capture_sizes: tuple[int, ...] = ()
+
+    def padded(self, requests: int) -> int | None:
+        """Captured batch size that serves `requests` (None: runs eagerly)."""
+        if requests > self.max_batch:
+            return None
+        for size in self.capture_sizes:
+            if size >= requests:
+                return size
+        return None
+
+
+@dataclass(frozen=True)
+class Overheads:
+    kernel_launch_eager_s: float = 4e-6
+    kernel_launch_graph_s: float = 1e-6
+    step_overhead_s: float = 0.0
+    per_request_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BackendDefaults:
+    name: str
+    description: str
+    scheduler: SchedulerConfig
+    kv_cache: KVCacheConfig
+    cuda_graph: CudaGraphConfig
+    overheads: Overheads
+    source: str = ""
+
+    def with_scheduler(self, **changes) -> BackendDefaults:
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, scheduler=replace(self.scheduler, **changes)) if changes else self
+
+    def with_overheads(self, **changes) -> BackendDefaults:
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, overheads=replace(self.overheads, **changes)) if changes else self
+
+
+def builtin_backends() -> list[str]:
+    folder = Path(str(resources.files("perfcast.serving").joinpath("backends")))
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load_backend(name_or_path: str) -> BackendDefaults:
+    """A built-in backend name (vllm, sglang, trtllm) or a YAML file of the same layout."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        folder = Path(str(resources.files("perfcast.serving").joinpath("backends")))
+        path = folder / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown backend {name_or_path!r}", field="backend",
+                              expected="a YAML path or one of " + ", ".join(builtin_backends()))
+    return _parse(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+
+
+def _section(doc: dict, key: str, source: str) -> dict:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise ConfigError("is missing or not a mapping", source=source, field=key)
+    for field, item in value.items():
+        if field.endswith("_source") or field == "value_source":
+            continue
+        if isinstance(item, (int, float, list)) and not isinstance(item, bool):
+            if f"{field}_source" not in value and not _sourced_by_prefix(field, value):
+                raise ConfigError("has no source line", source=source, field=f"{key}.{field}",
+                                  expected=f"a '{field}_source' entry naming where it comes from")
+    return value
+
+
+def _sourced_by_prefix(field: str, section: dict) -> bool:
+    """`kernel_launch_eager_us` may be documented by `kernel_launch_eager_source`."""
+    for suffix in ("_us", "_gib"):
+        if field.endswith(suffix) and f"{field[: -len(suffix)]}_source" in section:
+            return True
+    return False
+
+
+def _parse(doc: object, source: str) -> BackendDefaults:
+    if not isinstance(doc, dict) or "backend" not in doc:
+        raise ConfigError("is not a backend defaults file", source=source, field="backend")
+    sch = _section(doc, "scheduler", source)
+    kv = _section(doc, "kv_cache", source)
+    cg = _section(doc, "cuda_graph", source)
+    ov = _section(doc, "overheads", source)
+    try:
+        return BackendDefaults(
+            name=str(doc["backend"]), description=str(doc.get("description", "")),
+            scheduler=SchedulerConfig(
+                policy=str(sch["policy"]), token_budget=int(sch["token_budget"]),
+                max_running_requests=int(sch["max_running_requests"]),
+                chunked_prefill=bool(sch["chunked_prefill"]),
+                mix_decode_and_prefill=bool(sch["mix_decode_and_prefill"])),
+            kv_cache=KVCacheConfig(
+                admission=str(kv["admission"]), block_tokens=int(kv["block_tokens"]),
+                memory_fraction=float(kv["memory_fraction"]),
+                fraction_of=str(kv.get("fraction_of", "total")),
+                activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0))),
+            cuda_graph=CudaGraphConfig(
+                decode_only=bool(cg["decode_only"]), max_batch=int(cg["max_batch"]),
+                capture_sizes=tuple(sorted(int(x) for x in cg["capture_sizes"]))),
+            overheads=Overheads(
+                kernel_launch_eager_s=float(ov["kernel_launch_eager_us"]) * 1e-6,
+                kernel_launch_graph_s=float(ov["kernel_launch_graph_us"]) * 1e-6,
+                step_overhead_s=float(ov["step_overhead_us"]) * 1e-6,
+                per_request_overhead_s=float(ov["per_request_overhead_us"]) * 1e-6),
+            source=source)
+    except KeyError as exc:
+        raise ConfigError("is missing", source=source, field=str(exc.args[0])) from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc), source=source) from None

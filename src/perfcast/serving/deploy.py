@@ -1,0 +1,148 @@
+"""One deployment end to end: model + layout + backend + clients -> serving metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from perfcast.core.errors import ConfigError
+from perfcast.evidence.collectives import collective_time
+from perfcast.evidence.contracts import CostProvider, CostQueryContext
+from perfcast.hardware import System, load_system
+from perfcast.serving.backends import BackendDefaults, load_backend
+from perfcast.serving.engine import Engine
+from perfcast.serving.requests import ClosedLoopClient, LengthDistribution, OpenLoopClient
+from perfcast.serving.simulator import SimulationResult, simulate
+from perfcast.serving.step_cost import StepCostModel, serving_resolver
+from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Workers of one role, each laid out by `plan`."""
+
+    plan: ParallelPlan
+    workers: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.plan.num_devices * self.workers
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str | ModelSpec
+    system: str | System = "h100_sxm"
+    backend: str | BackendDefaults = "vllm"
+    backend_version: str = ""
+    precision: Precision | None = None
+    mode: str = "agg"                      # agg | disagg
+    pool: Pool = field(default_factory=lambda: Pool(ParallelPlan()))   # agg replicas / prefill pool
+    decode_pool: Pool | None = None        # disagg only
+    isl: int = 1024
+    osl: int = 128
+    range_ratio: float = 1.0
+    concurrency: int | None = 8            # closed loop (total client concurrency)
+    request_rate_per_s: float | None = None  # open loop (Poisson)
+    num_requests: int | None = None        # default 10 x concurrency (closed) or 200
+    warmup_requests: int = 0
+    seed: int = 0
+    interpolate: bool = True
+    record_trace: bool = False
+
+
+class StepModelCache:
+    """Reuses step cost models (and their costed graphs) across simulations of the
+    same deployment: keyed by model, plan, precision, system, backend and evidence."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple, StepCostModel] = {}
+
+    def get(self, model: ModelSpec, plan: ParallelPlan, system: System,
+            backend: BackendDefaults, precision: Precision | None,
+            evidence: Sequence[CostProvider], context: CostQueryContext,
+            interpolate: bool) -> StepCostModel:
+        key = (model.digest, plan.digest, system.digest, backend, precision,
+               tuple(id(p) for p in evidence), context.digest, interpolate)
+        hit = self._models.get(key)
+        if hit is None:
+            hit = StepCostModel(model, plan, system, serving_resolver(system, evidence),
+                                precision=precision, context=context,
+                                overheads=backend.overheads, cuda_graph=backend.cuda_graph,
+                                interpolate=interpolate)
+            self._models[key] = hit
+        return hit
+
+
+def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults) -> int:
+    """KV tokens one engine holds: device memory x fraction - weights - reserve, divided
+    by the KV bytes per token on the most loaded device."""
+    weights, per_token = step.memory_per_token()
+    kv = backend.kv_cache
+    total = step.system.device.memory.capacity_bytes
+    reserve = kv.activation_reserve_gib * GIB
+    if kv.fraction_of == "free_after_weights":
+        free = (total - weights) * kv.memory_fraction - reserve
+    else:
+        free = total * kv.memory_fraction - weights - reserve
+    if free <= 0 or per_token <= 0:
+        raise ConfigError(
+            f"weights take {weights / GIB:.1f} GiB of {total / GIB:.0f} GiB per device: no room "
+            f"for a KV cache under {backend.name}'s memory fraction {kv.memory_fraction}",
+            field="tp_size/pp_size", expected="more devices per replica or a smaller dtype")
+    return int(free // per_token)
+
+
+def kv_transfer_s(step: StepCostModel, system: System, tokens: int, gpus_involved: int) -> float:
+    """Prefill -> decode KV move: every prefill device sends its shard at once."""
+    _, per_token = step.memory_per_token()
+    tier = system.tier_for_group(gpus_involved)
+    total, _, _ = collective_time("send_recv", per_token * tokens, 2, tier, "ring")
+    return total
+
+
+def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
+                cache: StepModelCache | None = None) -> SimulationResult:
+    cache = cache or StepModelCache()
+    model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
+    backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(cfg.backend)
+    context = CostQueryContext(runtime=backend.name, runtime_revision=cfg.backend_version)
+    lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)
+    if cfg.mode not in ("agg", "disagg"):
+        raise ConfigError(f"unknown mode {cfg.mode!r}", field="mode", expected="agg | disagg")
+    if cfg.concurrency:
+        n = cfg.num_requests or 10 * cfg.concurrency
+        client = ClosedLoopClient(cfg.concurrency, lengths, n, cfg.warmup_requests, cfg.seed)
+    else:
+        n = cfg.num_requests or 200
+        client = OpenLoopClient(lengths, n, rate_per_s=cfg.request_rate_per_s,
+                                warmup_requests=cfg.warmup_requests, seed=cfg.seed)
+
+    def engines(pool: Pool, role: str) -> tuple[list[Engine], StepCostModel]:
+        step = cache.get(model, pool.plan, system, backend, cfg.precision, evidence, context,
+                         cfg.interpolate)
+        capacity = kv_capacity_tokens(step, backend)
+        # attention-DP ranks hold their own requests and KV cache: one engine each
+        replicas = pool.workers * pool.plan.dp
+        return [Engine(f"{role}{i}", step, backend.scheduler, backend.kv_cache, capacity,
+                       role=role, record_trace=cfg.record_trace)
+                for i in range(replicas)], step
+
+    if cfg.mode == "agg":
+        front, _ = engines(cfg.pool, "agg")
+        return simulate(client, front, num_gpus=cfg.pool.gpus)
+    if cfg.decode_pool is None:
+        raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
+                          expected="decode workers and their layout")
+    front, pstep = engines(cfg.pool, "prefill")
+    back, _ = engines(cfg.decode_pool, "decode")
+    involved = cfg.pool.plan.num_devices + cfg.decode_pool.plan.num_devices
+
+    def transfer(r) -> float:
+        return kv_transfer_s(pstep, system, r.prefill_target, involved)
+
+    return simulate(client, front, decode_engines=back, transfer_s=transfer,
+                    num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus)

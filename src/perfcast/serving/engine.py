@@ -1,0 +1,358 @@
+"""One serving engine (an agg replica, a prefill worker or a decode worker).
+
+The engine runs iterations. Each iteration the scheduler policy (see docs/serving.md)
+picks decode tokens and prefill chunks under the token budget, the running-request
+limit and the KV capacity; the step cost model prices it; then tokens are emitted at
+the end of the iteration. All decoding requests advance together, so runs of
+decode-only iterations between two events (a request finishing, an arrival, the KV
+cache filling up) are priced in one vectorised call instead of step by step.
+
+Policies
+* decode_first (vLLM V1): decodes first, then running chunked prefills, then new
+  requests, FIFO, until the token budget is spent; chunks are cut to fit.
+* inflight (TRT-LLM): the same iteration mixes generation and context requests; a
+  context request joins only when its whole prompt fits the remaining budget unless
+  chunked prefill is on.
+* prefill_first (SGLang): when a request can be admitted, the iteration is a prefill
+  batch (no decodes); otherwise a decode batch of every running request.
+
+KV cache: capacity in tokens; each request's last block is counted whole
+(`block_tokens - 1` slack). `reserve_full` admits a request only when its prompt and
+all its output fit; `incremental` admits on the prompt and, when decode growth does
+not fit, preempts the newest request (recompute: its prompt plus generated tokens are
+prefilled again later). A request that cannot fit even alone is rejected with a
+reason; nothing crashes and nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.serving.backends import KVCacheConfig, SchedulerConfig
+from perfcast.serving.requests import Request
+from perfcast.serving.step_cost import StepCostModel, StepShape
+
+ROLES = ("agg", "prefill", "decode")
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    busy_s: float = 0.0
+    kv_peak_tokens: float = 0.0
+    kv_token_seconds: float = 0.0
+    preemptions: int = 0
+    itl_values: list = field(default_factory=list)
+    itl_weights: list = field(default_factory=list)
+    trace: list | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str          # finished | prefilled | rejected
+    request: Request
+    time_s: float
+
+
+class Engine:
+    def __init__(self, name: str, cost: StepCostModel, scheduler: SchedulerConfig,
+                 kv: KVCacheConfig, kv_capacity_tokens: int, *, role: str = "agg",
+                 record_trace: bool = False) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown engine role {role!r}")
+        self.name = name
+        self.cost = cost
+        self.sched = scheduler
+        self.kv = kv
+        self.capacity = int(kv_capacity_tokens)
+        self.role = role
+        self.clock = 0.0
+        self.max_running = scheduler.max_running_requests
+        if scheduler.mix_decode_and_prefill:
+            self.max_running = min(self.max_running, scheduler.token_budget)
+        self.pending: list = []          # heap (arrival_s, seq, request)
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self.decoding: list = []         # heap (finish_counter, seq, request)
+        self.running: dict[int, Request] = {}  # admission order, for preemption
+        self.counter = 0                 # decode iterations so far
+        self.n_decoding = 0
+        self.n_measured_decoding = 0
+        self.sum_ctx = 0.0               # sum of cached tokens of decoding requests
+        self.kv_used = 0.0
+        self.last_decode_end = 0.0
+        self.newcomers: list[Request] = []
+        self._seq = 0
+        self.stats = EngineStats(trace=[] if record_trace else None)
+
+    # -- arrivals --------------------------------------------------------------------------
+    def _need_tokens(self, r: Request) -> int:
+        slack = self.kv.block_tokens - 1
+        if self.kv.admission == "reserve_full" or self.role == "prefill":
+            extra = 0 if self.role == "prefill" else r.output_tokens - r.generated
+            return r.prefill_target + extra + slack
+        return r.prefill_target + slack
+
+    def submit(self, r: Request, time_s: float) -> Event | None:
+        """Queue a request arriving at `time_s`; a request that can never run is rejected."""
+        whole = r.prefill_target + (0 if self.role == "prefill" else r.output_tokens) \
+            + self.kv.block_tokens - 1
+        if whole > self.capacity:
+            r.reject_reason = (f"needs {whole} KV tokens, engine {self.name} holds "
+                               f"{self.capacity}")
+            return Event("rejected", r, time_s)
+        if (not self.sched.chunked_prefill and self.role != "decode"
+                and r.prefill_target > self.sched.token_budget):
+            r.reject_reason = (f"prompt of {r.prefill_target} tokens exceeds the token budget "
+                               f"{self.sched.token_budget} without chunked prefill")
+            return Event("rejected", r, time_s)
+        self._seq += 1
+        heapq.heappush(self.pending, (time_s, self._seq, r))
+        return None
+
+    def next_time(self) -> float:
+        if self.waiting or self.prefilling or self.n_decoding:
+            return self.clock
+        if self.pending:
+            return max(self.clock, self.pending[0][0])
+        return float("inf")
+
+    def _take_arrivals(self) -> None:
+        while self.pending and self.pending[0][0] <= self.clock:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+
+    # -- KV accounting -----------------------------------------------------------------------
+    def _admit(self, r: Request) -> None:
+        r.kv_base = self._need_tokens(r)
+        self.kv_used += r.kv_base
+        self.running[r.rid] = r
+        r.active = True
+
+    def _release(self, r: Request) -> None:
+        alloc = r.kv_base
+        if self.kv.admission == "incremental" and r.generated > 0 and r.prefilled >= r.prefill_target:
+            alloc += self.counter - r.join_counter
+        self.kv_used -= alloc
+        self.running.pop(r.rid, None)
+        r.active = False
+
+    def _join_decode(self, r: Request) -> None:
+        r.join_counter = self.counter
+        self._seq += 1
+        r.seq = self._seq
+        heapq.heappush(self.decoding, (self.counter + r.output_tokens - r.generated,
+                                       self._seq, r))
+        self.n_decoding += 1
+        self.n_measured_decoding += r.measured
+        self.sum_ctx += r.prefill_target
+        self.newcomers.append(r)
+
+    def _leave_decode(self, r: Request) -> None:
+        self.n_decoding -= 1
+        self.n_measured_decoding -= r.measured
+        self.sum_ctx -= r.prefill_target + (self.counter - r.join_counter)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _can_admit(self, r: Request) -> bool:
+        return (len(self.running) < self.max_running
+                and self.kv_used + self._need_tokens(r) <= self.capacity)
+
+    def _plan_prefill(self, budget: int) -> list[tuple[Request, int]]:
+        chunks: list[tuple[Request, int]] = []
+        chunked = self.sched.chunked_prefill
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            q = min(r.prefill_target - r.prefilled, budget)
+            chunks.append((r, q))
+            budget -= q
+        while self.waiting and budget > 0:
+            r = self.waiting[0]
+            if r.prefilled >= r.prefill_target:   # decode-role arrival: no prefill
+                if not self._can_admit(r):
+                    break
+                self.waiting.popleft()
+                self._admit(r)
+                self._join_decode(r)
+                continue
+            need = r.prefill_target - r.prefilled
+            if not chunked and need > budget:
+                break
+            if not self._can_admit(r):
+                break
+            self.waiting.popleft()
+            self._admit(r)
+            self.prefilling.append(r)
+            q = min(need, budget)
+            chunks.append((r, q))
+            budget -= q
+        return chunks
+
+    def _plan(self) -> tuple[list[tuple[Request, int]], bool]:
+        """(prefill chunks, whether decoding requests run this iteration)."""
+        if self.sched.policy == "prefill_first":
+            chunks = self._plan_prefill(self.sched.token_budget)
+            if chunks:
+                return chunks, False
+            return [], self.n_decoding > 0
+        budget = self.sched.token_budget - self.n_decoding
+        return self._plan_prefill(budget), self.n_decoding > 0
+
+    def _preempt_for_growth(self) -> list[Event]:
+        """Incremental KV: make room for one more token per decoding request."""
+        events: list[Event] = []
+        while self.n_decoding and self.kv_used + self.n_decoding > self.capacity:
+            victim = next(reversed(self.running.values()))
+            growth = 0
+            if victim.prefilled >= victim.prefill_target and victim.generated > 0:
+                growth = self.counter - victim.join_counter
+                self._leave_decode(victim)
+                self.decoding = [e for e in self.decoding if e[2] is not victim]
+                heapq.heapify(self.decoding)
+                self.newcomers = [r for r in self.newcomers if r is not victim]
+            else:
+                self.prefilling.remove(victim)
+            self._release(victim)
+            victim.generated += growth
+            victim.prefill_target = victim.input_tokens + victim.generated
+            victim.prefilled = 0
+            victim.preemptions += 1
+            self.stats.preemptions += 1
+            self.waiting.appendleft(victim)
+        return events
+
+    # -- one macro step ---------------------------------------------------------------------------
+    def advance(self, horizon_s: float = float("inf")) -> list[Event]:
+        """Run one iteration, or a run of identical decode-only iterations that all start
+        before `horizon_s` and before the next arrival. Returns the events it caused."""
+        if not (self.waiting or self.prefilling or self.n_decoding):
+            if not self.pending:
+                return []
+            self.clock = max(self.clock, self.pending[0][0])
+        self._take_arrivals()
+        events: list[Event] = []
+        if self.kv.admission == "incremental" and self.n_decoding:
+            events += self._preempt_for_growth()
+        chunks, decode = self._plan()
+        if not chunks and not decode:
+            if not self.running and self.waiting:
+                # nothing holds resources, yet the head cannot start: it never will
+                r = self.waiting.popleft()
+                r.reject_reason = f"cannot be scheduled on engine {self.name} even when idle"
+                return events + [Event("rejected", r, self.clock)]
+            if self.pending:
+                self.clock = max(self.clock, self.pending[0][0])
+            return events
+        if chunks:
+            events += self._mixed_step(chunks, decode)
+        else:
+            events += self._decode_run(horizon_s)
+        return events
+
+    def _mixed_step(self, chunks: list[tuple[Request, int]], decode: bool) -> list[Event]:
+        n = self.n_decoding if decode else 0
+        shape = StepShape(n, self.sum_ctx / n if n else 0.0,
+                          tuple((q, r.prefilled) for r, q in chunks))
+        dt = self.cost.step_s(shape)
+        start = self.clock
+        end = start + dt
+        self._account(start, dt, shape)
+        events: list[Event] = []
+        if decode:
+            events += self._decode_tokens(end, steps=1, durations=None)
+        for r, q in chunks:
+            r.prefilled += q
+            if r.prefilled < r.prefill_target:
+                continue
+            self.prefilling.remove(r)
+            r.generated += 1
+            r.last_token_s = end
+            if r.first_token_s is None:
+                r.first_token_s = end
+            if self.role == "prefill":
+                self._release(r)
+                events.append(Event("prefilled", r, end))
+            elif r.generated >= r.output_tokens:
+                self._release(r)
+                r.finish_s = end
+                events.append(Event("finished", r, end))
+            else:
+                self._join_decode(r)
+        self.clock = end
+        return events
+
+    def _decode_run(self, horizon_s: float) -> list[Event]:
+        n = self.n_decoding
+        k = self.decoding[0][0] - self.counter
+        if self.kv.admission == "incremental":
+            k = min(k, int((self.capacity - self.kv_used) // n))
+        k = max(k, 1)
+        durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
+        limit = horizon_s
+        if self.pending:
+            limit = min(limit, self.pending[0][0])
+        if limit < float("inf") and k > 1:
+            starts = self.clock + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+            k = max(1, int(np.searchsorted(starts, limit, side="left")))
+            durations = durations[:k]
+        start = self.clock
+        total = float(durations.sum())
+        self._account(start, total, StepShape(n, self.sum_ctx / n), steps=k,
+                      kv_growth=n * (k - 1) / 2)
+        end = start + total
+        events = self._decode_tokens(end, steps=k, durations=durations)
+        self.clock = end
+        return events
+
+    def _decode_tokens(self, end: float, steps: int, durations) -> list[Event]:
+        """Every decoding request emits `steps` tokens; the last ends at `end`."""
+        n = self.n_decoding
+        first_end = end if durations is None else end - float(durations[1:].sum())
+        # ITL samples: newcomers measured from their last token, the rest from the
+        # previous decode iteration, then `steps - 1` more iterations for everyone
+        st = self.stats
+        measured_new = 0
+        for r in self.newcomers:
+            if r.measured:
+                measured_new += 1
+                st.itl_values.append(first_end - r.last_token_s)
+                st.itl_weights.append(1.0)
+        measured_old = self.n_measured_decoding - measured_new
+        if measured_old > 0:
+            st.itl_values.append(first_end - self.last_decode_end)
+            st.itl_weights.append(float(measured_old))
+        if durations is not None and steps > 1 and self.n_measured_decoding:
+            st.itl_values.extend(durations[1:].tolist())
+            st.itl_weights.extend([float(self.n_measured_decoding)] * (steps - 1))
+        self.newcomers = []
+        self.counter += steps
+        self.sum_ctx += n * steps
+        if self.kv.admission == "incremental":
+            self.kv_used += n * steps
+        self.last_decode_end = end
+        events: list[Event] = []
+        while self.decoding and self.decoding[0][0] <= self.counter:
+            _, _, r = heapq.heappop(self.decoding)
+            r.generated = r.output_tokens
+            r.last_token_s = end
+            self._leave_decode(r)
+            self._release(r)
+            r.finish_s = end
+            events.append(Event("finished", r, end))
+        return events
+
+    def _account(self, start: float, dt: float, shape: StepShape, steps: int = 1,
+                 kv_growth: float = 0.0) -> None:
+        st = self.stats
+        st.steps += steps
+        st.busy_s += dt
+        used = self.kv_used + kv_growth
+        st.kv_token_seconds += used * dt
+        st.kv_peak_tokens = max(st.kv_peak_tokens, self.kv_used + (2 * kv_growth))
+        if st.trace is not None:
+            st.trace.append((start, dt, steps, shape.decode_requests,
+                             tuple(q for q, _ in shape.prefill)))

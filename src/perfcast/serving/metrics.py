@@ -1,0 +1,106 @@
+"""Request-level metrics of a simulation: latency statistics and throughputs.
+
+Definitions (those of benchmark_serving):
+* TTFT: first token time - arrival; TPOT: (e2e - TTFT) / (output tokens - 1), for
+  requests with more than one output token; ITL: every gap between consecutive tokens
+  of a request (weighted over all measured requests); E2E: finish - arrival.
+* throughput_tokens_per_s: output tokens of measured requests / (last finish - first
+  arrival of measured requests); per GPU: divided by every GPU of the deployment;
+  per user: 1000 / mean TPOT (the decode speed one user sees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.serving.requests import Request
+
+STAT_KEYS = ("mean", "p50", "p90", "p99")
+
+
+def summary_ms(values_s: Sequence[float] | np.ndarray,
+               weights: Sequence[float] | np.ndarray | None = None) -> dict[str, float | None]:
+    v = np.asarray(values_s, dtype=float) * 1e3
+    if v.size == 0:
+        return {k: None for k in STAT_KEYS}
+    if weights is None:
+        p50, p90, p99 = np.percentile(v, [50, 90, 99])
+        return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    w = np.asarray(weights, dtype=float)
+    order = np.argsort(v)
+    v, w = v[order], w[order]
+    cum = np.cumsum(w)
+    total = cum[-1]
+
+    def q(p: float) -> float:
+        return float(v[min(int(np.searchsorted(cum, p * total, side="left")), len(v) - 1)])
+
+    return {"mean": float((v * w).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    ttft_ms: dict
+    tpot_ms: dict
+    itl_ms: dict
+    e2e_ms: dict
+    throughput_tokens_per_s: float
+    input_throughput_tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    request_throughput_per_s: float
+    completed_requests: int
+    rejected_requests: int
+    preemptions: int
+    kv_utilization_mean: float
+    kv_utilization_peak: float
+    duration_s: float
+    num_gpus: int
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], engines,
+                    num_gpus: int) -> ServingMetrics:
+    done = [r for r in finished if r.measured]
+    ttft = [r.first_token_s - r.arrival_s for r in done]
+    e2e = [r.finish_s - r.arrival_s for r in done]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in done
+            if r.output_tokens > 1]
+    itl_v: list[float] = []
+    itl_w: list[float] = []
+    kv_ts = busy = 0.0
+    peak = 0.0
+    preempt = 0
+    for e in engines:
+        itl_v.extend(e.stats.itl_values)
+        itl_w.extend(e.stats.itl_weights)
+        if e.capacity:
+            kv_ts += e.stats.kv_token_seconds / e.capacity
+            peak = max(peak, e.stats.kv_peak_tokens / e.capacity)
+        busy += e.stats.busy_s
+        preempt += e.stats.preemptions
+    if done:
+        t0 = min(r.arrival_s for r in done)
+        t1 = max(r.finish_s for r in done)
+        duration = max(t1 - t0, 1e-12)
+    else:
+        duration = 0.0
+    out_tokens = sum(r.output_tokens for r in done)
+    in_tokens = sum(r.input_tokens for r in done)
+    thr = out_tokens / duration if duration else 0.0
+    tpot_s = summary_ms(tpot)
+    return ServingMetrics(
+        ttft_ms=summary_ms(ttft), tpot_ms=tpot_s, itl_ms=summary_ms(itl_v, itl_w or None),
+        e2e_ms=summary_ms(e2e), throughput_tokens_per_s=thr,
+        input_throughput_tokens_per_s=in_tokens / duration if duration else 0.0,
+        tokens_per_s_per_gpu=thr / num_gpus if num_gpus else 0.0,
+        tokens_per_s_per_user=(1000.0 / tpot_s["mean"]) if tpot_s["mean"] else 0.0,
+        request_throughput_per_s=len(done) / duration if duration else 0.0,
+        completed_requests=len(done), rejected_requests=len(rejected), preemptions=preempt,
+        kv_utilization_mean=kv_ts / busy if busy else 0.0, kv_utilization_peak=peak,
+        duration_s=duration, num_gpus=num_gpus)

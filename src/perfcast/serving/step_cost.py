@@ -1,0 +1,292 @@
+"""Step cost model: the latency of one engine iteration for any batch composition.
+
+An iteration runs `decode` requests (one new token each, over their cached context)
+and prefill chunks (`q` new tokens over `c` cached ones) together. Its latency is the
+resolver-costed task graph of that batch, split into two additive parts:
+
+* context-free tasks (every task whose work has no `kv_len` axis: GEMMs, norms,
+  collectives, ...). They depend on the step's token count `T` and, through the LM
+  head, on the number of sequences `R` that need logits:
+  `free(T, R) = body(T) + head(R)` with `body(T)` the tasks of one T-token sequence
+  and `head(R) = free(R tokens, R seqs) - body(R)` (exact for additive task costs);
+* context tasks (attention): one term per segment, `attn_decode(R, ctx)` for the
+  decode requests (at their mean context, exact for a memory-bound kernel) and
+  `attn_prefill(q, c)` per chunk.
+
+Each term comes from building and costing the real graph of a small batch (never
+per token) and is cached by its shape key. With `interpolate=True` (the default) the
+terms are sampled on a geometric grid of token counts and contexts (1, 2, 3, 4, 6, 8,
+12, ...) and linearly interpolated between grid nodes, so a simulation of thousands
+of steps costs a few dozen graphs. Kernel-launch cost is added per kernel from the
+backend file: replayed CUDA graphs pay `kernel_launch_graph_s`, eager steps
+`kernel_launch_eager_s`; the host's per-iteration overhead is added on top.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.evidence.collectives import CollectiveCostProvider
+from perfcast.evidence.contracts import CostProvider, CostQueryContext
+from perfcast.evidence.costing import cost_graph
+from perfcast.evidence.resolver import CostResolver
+from perfcast.evidence.roofline import RooflineCostProvider
+from perfcast.hardware import System
+from perfcast.serving.backends import CudaGraphConfig, Overheads
+from perfcast.workload import Batch, BatchSegment, ModelSpec, ParallelPlan, Precision, TaskKind
+from perfcast.workload.build import build_task_graph
+
+
+def serving_resolver(system: System, evidence: Sequence[CostProvider] = (),
+                     roofline_mode: str = "roofline") -> CostResolver:
+    """Evidence first, then the analytic models, with kernel launch left out of the
+    kernel times: the step model adds launch cost per kernel (eager vs. CUDA graph)."""
+    return CostResolver([*evidence,
+                         RooflineCostProvider(system, mode=roofline_mode, include_launch=False),
+                         CollectiveCostProvider(system)])
+
+
+def grid_nodes(limit: int, *, with_zero: bool = False) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, ... up to the first node >= limit."""
+    nodes = [0] if with_zero else []
+    x = 1
+    while True:
+        for v in (x, x + x // 2) if x >= 2 else (x,):
+            nodes.append(v)
+            if v >= limit:
+                return nodes
+        x *= 2
+
+
+_NODES = grid_nodes(1 << 26)
+_NODES0 = [0, *_NODES]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Kernel time and kernel count of one additive term of a step."""
+
+    kernel_s: float
+    kernels: float
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.kernel_s + other.kernel_s, self.kernels + other.kernels)
+
+    def __sub__(self, other: Part) -> Part:
+        return Part(self.kernel_s - other.kernel_s, self.kernels - other.kernels)
+
+    def scaled(self, w: float) -> Part:
+        return Part(self.kernel_s * w, self.kernels * w)
+
+
+ZERO = Part(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one iteration computes: decode requests at a mean context, prefill chunks."""
+
+    decode_requests: int = 0
+    decode_context: float = 0.0
+    prefill: tuple[tuple[int, int], ...] = ()  # (q_tokens, context_tokens) per chunk
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_requests + sum(q for q, _ in self.prefill)
+
+    @property
+    def sequences(self) -> int:
+        return self.decode_requests + len(self.prefill)
+
+
+class StepCostModel:
+    """Latency of engine iterations of one deployment (model, plan, precision, system)."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, system: System,
+                 resolver: CostResolver, *, precision: Precision | None = None,
+                 context: CostQueryContext | None = None, overheads: Overheads | None = None,
+                 cuda_graph: CudaGraphConfig | None = None, interpolate: bool = True) -> None:
+        self.model = model
+        self.plan = plan
+        self.system = system
+        self.resolver = resolver
+        self.precision = precision
+        self.context = context or CostQueryContext()
+        self.overheads = overheads or Overheads()
+        self.cuda_graph = cuda_graph or CudaGraphConfig()
+        self.interpolate = interpolate
+        self._graphs: dict[tuple, tuple[Part, Part]] = {}
+        self._memory = None
+        self.graphs_built = 0
+
+    # -- exact terms (one costed graph per key) -----------------------------------------
+    def _split(self, batch: Batch) -> tuple[Part, Part]:
+        key = tuple((s.num_requests, s.q_tokens, s.context_tokens) for s in batch.segments)
+        hit = self._graphs.get(key)
+        if hit is not None:
+            return hit
+        graph = build_task_graph(self.model, self.plan, batch, self.precision)
+        costed = cost_graph(graph, self.system.name, self.resolver, self.context)
+        free_s = free_n = ctx_s = ctx_n = 0.0
+        for ct in costed.tasks:
+            if ct.task.kind is TaskKind.VIEW or ct.latency_s == 0.0:
+                continue
+            if "kv_len" in ct.task.work.axes:
+                ctx_s += ct.total_latency_s
+                ctx_n += ct.task.count
+            else:
+                free_s += ct.total_latency_s
+                free_n += ct.task.count
+        if self._memory is None:
+            self._memory = graph.memory
+        self.graphs_built += 1
+        out = (Part(free_s, free_n), Part(ctx_s, ctx_n))
+        self._graphs[key] = out
+        return out
+
+    def body_exact(self, tokens: int) -> Part:
+        return self._split(Batch.prefill(1, tokens))[0]
+
+    def head_exact(self, sequences: int) -> Part:
+        if sequences <= 1:
+            return ZERO
+        return self._split(Batch.decode(sequences, 1))[0] - self.body_exact(sequences)
+
+    def attn_decode_exact(self, requests: int, context: int) -> Part:
+        return self._split(Batch.decode(requests, max(context, 1)))[1]
+
+    def attn_prefill_exact(self, q_tokens: int, context: int) -> Part:
+        return self._split(Batch.prefill(1, q_tokens, context))[1]
+
+    # -- interpolated terms ---------------------------------------------------------------
+    @staticmethod
+    def _bracket(x: float, with_zero: bool = False) -> tuple[int, int, float]:
+        nodes = _NODES0 if with_zero else _NODES
+        i = bisect.bisect_left(nodes, x)
+        if nodes[i] == x or i == 0:
+            return nodes[i], nodes[i], 0.0
+        lo, hi = nodes[i - 1], nodes[i]
+        return lo, hi, (x - lo) / (hi - lo)
+
+    def _interp1(self, fn, x: float, with_zero: bool = False) -> Part:
+        if not self.interpolate:
+            return fn(int(round(x)))
+        lo, hi, w = self._bracket(x, with_zero)
+        if w == 0.0:
+            return fn(lo)
+        return fn(lo).scaled(1 - w) + fn(hi).scaled(w)
+
+    def body(self, tokens: int) -> Part:
+        return self._interp1(self.body_exact, tokens)
+
+    def head(self, sequences: int) -> Part:
+        return self._interp1(self.head_exact, sequences)
+
+    def attn_decode(self, requests: int, context: float) -> Part:
+        if requests <= 0:
+            return ZERO
+        if not self.interpolate:
+            return self.attn_decode_exact(requests, int(round(context)))
+        r0, r1, wr = self._bracket(requests)
+        c0, c1, wc = self._bracket(max(context, 1.0))
+        out = ZERO
+        for r, a in ((r0, 1 - wr), (r1, wr)):
+            if a == 0.0:
+                continue
+            for c, b in ((c0, 1 - wc), (c1, wc)):
+                if b == 0.0:
+                    continue
+                out = out + self.attn_decode_exact(r, c).scaled(a * b)
+        return out
+
+    def attn_prefill(self, q_tokens: int, context: int) -> Part:
+        if not self.interpolate:
+            return self.attn_prefill_exact(q_tokens, context)
+        q0, q1, wq = self._bracket(q_tokens)
+        c0, c1, wc = self._bracket(context, with_zero=True)
+        out = ZERO
+        for q, a in ((q0, 1 - wq), (q1, wq)):
+            if a == 0.0:
+                continue
+            for c, b in ((c0, 1 - wc), (c1, wc)):
+                if b == 0.0:
+                    continue
+                out = out + self.attn_prefill_exact(q, c).scaled(a * b)
+        return out
+
+    # -- whole steps ------------------------------------------------------------------------
+    def graph_padded(self, shape: StepShape) -> int | None:
+        """Token count of the CUDA graph that replays this step, or None (eager)."""
+        if self.cuda_graph.max_batch <= 0:
+            return None
+        if shape.prefill and self.cuda_graph.decode_only:
+            return None
+        return self.cuda_graph.padded(shape.tokens)
+
+    def kernel_parts(self, shape: StepShape) -> tuple[Part, int | None]:
+        padded = self.graph_padded(shape)
+        tokens = padded or shape.tokens
+        part = self.body(tokens) + self.head(max(shape.sequences, 1))
+        if shape.decode_requests:
+            part = part + self.attn_decode(shape.decode_requests, shape.decode_context)
+        for q, c in shape.prefill:
+            part = part + self.attn_prefill(q, c)
+        return part, padded
+
+    def step_s(self, shape: StepShape) -> float:
+        """Latency of one iteration, host overheads included."""
+        if shape.tokens <= 0:
+            raise ValueError("an engine step needs at least one token")
+        part, padded = self.kernel_parts(shape)
+        ov = self.overheads
+        launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
+        return (part.kernel_s + part.kernels * launch + ov.step_overhead_s
+                + ov.per_request_overhead_s * shape.sequences)
+
+    def decode_run_s(self, requests: int, context0: float, steps: int) -> np.ndarray:
+        """Latencies of `steps` consecutive decode-only iterations of `requests` requests
+        whose mean context starts at `context0` and grows by one token per step."""
+        if steps <= 0:
+            return np.zeros(0)
+        contexts = context0 + np.arange(steps, dtype=float)
+        shape = StepShape(requests, context0)
+        padded = self.graph_padded(shape)
+        ov = self.overheads
+        launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
+        fixed = self.body(padded or requests) + self.head(requests)
+        base = (fixed.kernel_s + fixed.kernels * launch + ov.step_overhead_s
+                + ov.per_request_overhead_s * requests)
+        if not self.interpolate or steps <= 2:
+            attn = [self.attn_decode(requests, float(c)) for c in contexts]
+            return base + np.array([a.kernel_s + a.kernels * launch for a in attn])
+        lo_c = max(contexts[0], 1.0)
+        hi_c = max(contexts[-1], 1.0)
+        i0 = bisect.bisect_right(_NODES, lo_c) - 1
+        i1 = bisect.bisect_left(_NODES, hi_c)
+        nodes = _NODES[max(i0, 0): i1 + 1]
+        xs = np.array(nodes, dtype=float)
+        ys = np.array([(lambda p: p.kernel_s + p.kernels * launch)(self.attn_decode(requests, n))
+                       for n in nodes])
+        return base + np.interp(np.maximum(contexts, 1.0), xs, ys)
+
+    # -- memory facts -----------------------------------------------------------------------
+    def memory_per_token(self) -> tuple[float, float]:
+        """(weight bytes, KV bytes per cached token) on the most loaded device."""
+        probe = Batch.decode(1, 1024)
+        graph = build_task_graph(self.model, self.plan, probe, self.precision)
+        return graph.memory.weights, graph.memory.kv_cache / probe.kv_tokens
+
+
+def as_batch(shape: StepShape) -> Batch:
+    """The workload Batch of a step shape (for `perfcast estimate`-style inspection)."""
+    segs = []
+    if shape.decode_requests:
+        segs.append(BatchSegment(shape.decode_requests, 1, max(int(round(shape.decode_context)), 1)))
+    segs.extend(BatchSegment(1, q, c) for q, c in shape.prefill)
+    return Batch.mixed(tuple(segs)) if len(segs) > 1 else Batch(tuple(segs),
+                                                                  "decode" if shape.decode_requests else "prefill")
