@@ -37,6 +37,10 @@ class EstimateRequest:
     logits: str = "last"
     roofline_mode: str = "roofline"
     context: CostQueryContext = field(default_factory=CostQueryContext)
+    mtp_layers: int = 0
+    mla_form: str = "auto"
+    block_size: int = 0
+    reserve_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,9 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
     graph = build_task_graph(model, request.plan, request.batch, request.precision,
-                             logits=request.logits)
+                             logits=request.logits, mtp_layers=request.mtp_layers,
+                             mla_form=request.mla_form, block_size=request.block_size,
+                             reserve_bytes=request.reserve_bytes)
     resolver = resolver or make_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
     return StepResult(request=request, system=system, graph=graph, costed=costed)
