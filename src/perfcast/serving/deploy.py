@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.collectives import collective_time
@@ -76,10 +76,14 @@ class StepModelCache:
         return hit
 
 
-def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults) -> int:
-    """KV tokens one engine holds: device memory x fraction - weights - reserve, divided
-    by the KV bytes per token on the most loaded device."""
-    weights, per_token = step.memory_per_token()
+def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
+                       context_hint: int = 2048) -> int:
+    """KV tokens one engine holds over all its attention-DP ranks: device memory x
+    fraction - weights - reserve, divided by the KV bytes per token on the most loaded
+    device (at `context_hint` tokens per request, for sliding-window layers)."""
+    memory = step.memory_facts()
+    weights = memory.weights
+    per_token = memory.kv_bytes_per_request(context_hint) / context_hint
     kv = backend.kv_cache
     total = step.system.device.memory.capacity_bytes
     reserve = kv.activation_reserve_gib * GIB
@@ -92,14 +96,14 @@ def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults) -> int:
             f"weights take {weights / GIB:.1f} GiB of {total / GIB:.0f} GiB per device: no room "
             f"for a KV cache under {backend.name}'s memory fraction {kv.memory_fraction}",
             field="tp_size/pp_size", expected="more devices per replica or a smaller dtype")
-    return int(free // per_token)
+    return int(free // per_token) * memory.dp_ranks
 
 
 def kv_transfer_s(step: StepCostModel, system: System, tokens: int, gpus_involved: int) -> float:
     """Prefill -> decode KV move: every prefill device sends its shard at once."""
-    _, per_token = step.memory_per_token()
+    per_device = step.memory_facts().kv_bytes_per_request(tokens)
     tier = system.tier_for_group(gpus_involved)
-    total, _, _ = collective_time("send_recv", per_token * tokens, 2, tier, "ring")
+    total, _, _ = collective_time("send_recv", per_device, 2, tier, "ring")
     return total
 
 
@@ -124,12 +128,17 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     def engines(pool: Pool, role: str) -> tuple[list[Engine], StepCostModel]:
         step = cache.get(model, pool.plan, system, backend, cfg.precision, evidence, context,
                          cfg.interpolate)
-        capacity = kv_capacity_tokens(step, backend)
-        # attention-DP ranks hold their own requests and KV cache: one engine each
-        replicas = pool.workers * pool.plan.dp
-        return [Engine(f"{role}{i}", step, backend.scheduler, backend.kv_cache, capacity,
+        capacity = kv_capacity_tokens(step, backend, context_hint=cfg.isl + cfg.osl)
+        # attention-DP ranks step together (one engine); each rank has its own budget,
+        # request limit and KV cache, so the engine's limits scale with dp
+        dp = pool.plan.dp
+        sched = backend.scheduler
+        if dp > 1:
+            sched = replace(sched, token_budget=sched.token_budget * dp,
+                            max_running_requests=sched.max_running_requests * dp)
+        return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
                        role=role, record_trace=cfg.record_trace)
-                for i in range(replicas)], step
+                for i in range(pool.workers)], step
 
     if cfg.mode == "agg":
         front, _ = engines(cfg.pool, "agg")

@@ -275,11 +275,12 @@ class StepCostModel:
         return base + np.interp(np.maximum(contexts, 1.0), xs, ys)
 
     # -- memory facts -----------------------------------------------------------------------
-    def memory_per_token(self) -> tuple[float, float]:
-        """(weight bytes, KV bytes per cached token) on the most loaded device."""
-        probe = Batch.decode(1, 1024)
-        graph = build_task_graph(self.model, self.plan, probe, self.precision)
-        return graph.memory.weights, graph.memory.kv_cache / probe.kv_tokens
+    def memory_facts(self):
+        """MemoryFacts of the deployment (weights, KV bytes per token per device)."""
+        if self._memory is None:
+            probe = Batch.decode(max(self.plan.dp, 1), 1024)
+            self._memory = build_task_graph(self.model, self.plan, probe, self.precision).memory
+        return self._memory
 
 
 def as_batch(shape: StepShape) -> Batch:

@@ -1,0 +1,344 @@
+"""`perfcast validate silicon`: simulate each measured deployment of a silicon-sample
+CSV and compare predicted with measured TTFT and TPOT.
+
+Each row becomes a ServeConfig (model config from a configs folder or the built-in
+catalog, layout, precision, backend defaults + harness settings, closed-loop clients).
+A row that cannot be modelled keeps an explicit reason (inconsistent layout, unknown
+model, unsupported architecture, ...) and no number. How rows are read is data:
+`silicon_rules.yaml`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.hardware import load_system
+from perfcast.serving.backends import load_backend
+from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
+from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
+from perfcast.workload.model_spec import model_spec_from_config
+from perfcast.workload.quant import precision_for_model
+
+REQUIRED = ("id", "backend", "model_path", "system", "mode", "isl", "osl",
+            "silicon_ttft_ms", "silicon_tpot_ms")
+
+
+def load_rules() -> dict:
+    path = Path(str(resources.files("perfcast.serving").joinpath("silicon_rules.yaml")))
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@dataclass
+class RowResult:
+    row_id: str
+    system: str
+    model: str
+    backend: str
+    backend_version: str
+    mode: str
+    isl: int | None
+    osl: int | None
+    concurrency: int | None
+    measured_ttft_ms: float | None
+    measured_tpot_ms: float | None
+    pred_ttft_ms: float | None = None
+    pred_tpot_ms: float | None = None
+    reason: str = ""
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def predicted(self) -> bool:
+        return self.pred_ttft_ms is not None and self.pred_tpot_ms is not None
+
+
+class RowError(Exception):
+    """A row cannot be modelled; the message is the reason reported for it."""
+
+
+def _num(row: dict, key: str, *, required: bool = True) -> float | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        if required:
+            raise RowError(f"field '{key}' is empty")
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise RowError(f"field '{key}' is not a number ({text!r})") from None
+    if not math.isfinite(value):
+        raise RowError(f"field '{key}' is not finite")
+    return value
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int:
+    value = _num(row, key, required=default is None)
+    if value is None:
+        return default  # type: ignore[return-value]
+    if value != int(value) or value < 0:
+        raise RowError(f"field '{key}' is not a non-negative integer ({value})")
+    return int(value)
+
+
+class ModelResolver:
+    """model_path -> ModelSpec from a configs folder (`org--name_config.json`) or the
+    built-in catalog, trying architecture-identical aliases from the rules."""
+
+    def __init__(self, configs_dir: Path | None, rules: dict) -> None:
+        self.dir = configs_dir
+        self.aliases = rules.get("model_aliases", {})
+        self._cache: dict[str, ModelSpec] = {}
+
+    def candidates(self, name: str) -> list[str]:
+        names = [name]
+        for suffix in self.aliases.get("strip_suffixes", []):
+            if name.endswith(suffix):
+                names.append(name[: -len(suffix)])
+        for base in list(names):
+            for old, new in self.aliases.get("prefix_renames", {}).items():
+                if base.startswith(old):
+                    names.append(new + base[len(old):])
+        return list(dict.fromkeys(names))
+
+    def resolve(self, name: str) -> tuple[ModelSpec, str]:
+        if name in self._cache:
+            return self._cache[name], ""
+        for cand in self.candidates(name):
+            spec = self._from_dir(cand) or self._from_catalog(cand)
+            if spec is not None:
+                self._cache[name] = spec
+                note = "" if cand == name else f"model config of {cand} used for {name}"
+                return spec, note
+        raise RowError(f"no config.json for model {name!r} (tried "
+                       + ", ".join(self.candidates(name)) + ")")
+
+    def _from_dir(self, name: str) -> ModelSpec | None:
+        if self.dir is None:
+            return None
+        path = self.dir / (name.replace("/", "--", 1) + "_config.json")
+        if not path.is_file():
+            return None
+        import json
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        quant = self.dir / (name.replace("/", "--", 1) + "_hf_quant_config.json")
+        if quant.is_file() and "quantization_config" not in cfg:
+            cfg["quantization_config"] = json.loads(quant.read_text(encoding="utf-8"))
+        return model_spec_from_config(cfg, name=name, source=str(path))
+
+    @staticmethod
+    def _from_catalog(name: str) -> ModelSpec | None:
+        try:
+            return load_model_spec(name)
+        except ConfigError:
+            return None
+
+
+def _precision(row: dict, model: ModelSpec, rules: dict) -> Precision:
+    modes = rules["gemm_quant_modes"]
+    gq = (row.get("gemm_quant_mode") or "").strip()
+    if gq not in modes:
+        raise RowError(f"gemm_quant_mode {gq!r} is not modelled (known: {', '.join(modes)})")
+    quantised = bool(model.raw.get("quantization_config") or getattr(model, "quant_config", None))
+    action = None if quantised else modes[gq]
+    kv = rules.get("kv_cache_by_precision", {}).get((row.get("precision") or "").strip())
+    return precision_for_model(model, linear_action=action, kv_cache_dtype=kv)
+
+
+def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
+    tp = _int(row, "tp_size")
+    pp = _int(row, "pp_size", 1)
+    adp = _int(row, "attention_dp_size", 1) or 1
+    ep = _int(row, "moe_ep_size", 1) or 1
+    moe_tp = _int(row, "moe_tp_size", 0)
+    if tp < 1 or pp < 1:
+        raise RowError("tp_size and pp_size must be >= 1")
+    gpus = tp * pp * adp
+    node = int(rules["harness"].get("nodes_gpus", 8))
+    if gpus > node:
+        raise RowError(f"inconsistent layout: tp {tp} x pp {pp} x attention-dp {adp} = {gpus} "
+                       f"GPUs exceeds one {node}-GPU node (label problem)")
+    if ep > 1 and moe_tp * ep not in (0, tp * adp):
+        raise RowError(f"inconsistent layout: moe_tp {moe_tp} x moe_ep {ep} != tp {tp} x "
+                       f"attention-dp {adp}")
+    return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep, moe_tp=moe_tp if ep > 1 else 0), adp
+
+
+def _concurrency(row: dict, per_rank: int) -> int:
+    src = row.get("silicon_data_source") or ""
+    m = re.search(r"silicon_concurrency=(\d+)", src)
+    if m:
+        return int(m.group(1))
+    return per_rank
+
+
+def row_config(row: dict, models: ModelResolver, rules: dict) -> tuple[ServeConfig, list[str]]:
+    """The deployment one row describes, plus the assumptions made to build it."""
+    notes: list[str] = []
+    for key in REQUIRED:
+        if key not in row:
+            raise RowError(f"column '{key}' is missing")
+    model, note = models.resolve(row["model_path"].strip())
+    if note:
+        notes.append(note)
+    try:
+        system = load_system(row["system"].strip())
+    except ConfigError as exc:
+        raise RowError(f"unknown system: {exc}") from None
+    name = row["backend"].strip()
+    version = (row.get("backend_version") or "").strip()
+    bad = rules.get("known_bad_versions", {}).get(name, {})
+    if version in bad:
+        raise RowError(bad[version])
+    try:
+        backend = load_backend(name)
+    except ConfigError as exc:
+        raise RowError(str(exc)) from None
+    if not version:
+        notes.append("backend_version empty: engine defaults of the backend file used")
+    isl, osl = _int(row, "isl"), _int(row, "osl")
+    if isl < 1 or osl < 1:
+        raise RowError("isl and osl must be >= 1")
+    precision = _precision(row, model, rules)
+    harness = rules["harness"]
+    mode = row["mode"].strip()
+    if mode == "agg":
+        plan, adp = _agg_layout(row, rules)
+        per_rank = _int(row, "batch_size")
+        conc = _concurrency(row, per_rank * adp)
+        if conc != per_rank * adp:
+            notes.append(f"concurrency {conc} from silicon_data_source (batch_size x "
+                         f"attention-dp = {per_rank * adp})")
+        pool, decode_pool = Pool(plan), None
+    elif mode == "disagg":
+        pool, decode_pool, conc = _disagg_layout(row, rules)
+    else:
+        raise RowError(f"mode {mode!r} is neither agg nor disagg")
+    if conc < 1:
+        raise RowError("concurrency is zero")
+    per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
+    budget_rule = harness.get("token_budget", {}).get(name)
+    sched_changes: dict = {}
+    if budget_rule:
+        budget = int(budget_rule.get("min", backend.scheduler.token_budget))
+        pad = budget_rule.get("concurrency_plus_isl_pad")
+        if pad is not None:
+            step = int(budget_rule.get("round_to", 1))
+            budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
+        sched_changes["token_budget"] = budget
+    backend = backend.with_scheduler(**sched_changes)
+    if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
+        sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
+        backend = replace(backend, cuda_graph=replace(backend.cuda_graph, max_batch=per_engine,
+                                                      capture_sizes=sizes))
+    cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
+                      precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
+                      isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
+                      concurrency=conc,
+                      num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
+    return cfg, notes
+
+
+def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
+    def plan(prefix: str) -> tuple[ParallelPlan, int]:
+        tp = _int(row, f"{prefix}_tp_size")
+        pp = _int(row, f"{prefix}_pp_size", 1)
+        adp = _int(row, f"{prefix}_attention_dp_size", 1) or 1
+        ep = _int(row, f"{prefix}_moe_ep_size", 1) or 1
+        workers = _int(row, f"{prefix}_num_workers")
+        if workers < 1:
+            raise RowError(f"{prefix}_num_workers must be >= 1")
+        return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep), workers
+
+    try:
+        pplan, pw = plan("prefill")
+        dplan, dw = plan("decode")
+        dbs = _int(row, "decode_batch_size")
+    except RowError as exc:
+        raise RowError(f"disagg row lacks worker counts or batch sizes ({exc})") from None
+    conc = _concurrency(row, dbs * dw * dplan.dp)
+    return Pool(pplan, pw), Pool(dplan, dw), conc
+
+
+def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
+                  evidence_for: Callable[[str, str, str], list] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
+    """Simulate each row. `evidence_for(system, backend, version)` returns the measured
+    providers for a deployment (empty: analytic only)."""
+    rules = load_rules()
+    models = ModelResolver(configs_dir, rules)
+    cache = StepModelCache()
+    out: list[RowResult] = []
+    for i, row in enumerate(rows):
+        res = RowResult(
+            row_id=row.get("id", f"row{i + 1}"), system=row.get("system", ""),
+            model=row.get("model_path", ""), backend=row.get("backend", ""),
+            backend_version=row.get("backend_version", ""), mode=row.get("mode", ""),
+            isl=None, osl=None, concurrency=None, measured_ttft_ms=None, measured_tpot_ms=None)
+        try:
+            res.measured_ttft_ms = _num(row, "silicon_ttft_ms")
+            res.measured_tpot_ms = _num(row, "silicon_tpot_ms")
+            if res.measured_ttft_ms <= 0 or res.measured_tpot_ms <= 0:
+                raise RowError("measured TTFT/TPOT must be positive")
+            cfg, notes = row_config(row, models, rules)
+            res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
+            res.assumptions = notes
+            evidence = evidence_for(res.system, res.backend, res.backend_version) \
+                if evidence_for else []
+            sim = run_serving(cfg, evidence=evidence, cache=cache)
+            m = sim.metrics
+            if m.rejected_requests:
+                raise RowError(f"{m.rejected_requests} requests could not be served: "
+                               + sim.rejected[0].reject_reason)
+            res.pred_ttft_ms = m.ttft_ms["mean"]
+            res.pred_tpot_ms = m.tpot_ms["mean"]
+        except RowError as exc:
+            res.reason = str(exc)
+        except PerfcastError as exc:
+            res.reason = f"{type(exc).__name__}: {exc}"
+        if progress:
+            progress(i + 1, len(rows))
+        out.append(res)
+    return out
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"missing columns {', '.join(missing)}", source=str(path),
+                              expected="the silicon-sample CSV layout")
+        return list(reader)
+
+
+def ape(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas
+
+
+def summarize(results: Sequence[RowResult], keys=("system", "model", "backend")) -> list[dict]:
+    """MAPE and median APE per group (and overall, group '*'), with coverage."""
+    groups: dict[tuple, list[RowResult]] = {}
+    for r in results:
+        groups.setdefault(tuple(getattr(r, k) for k in keys), []).append(r)
+    groups[("*",) * len(keys)] = list(results)
+    out = []
+    for key, rs in groups.items():
+        done = [r for r in rs if r.predicted]
+        t = np.array([ape(r.pred_ttft_ms, r.measured_ttft_ms) for r in done])
+        p = np.array([ape(r.pred_tpot_ms, r.measured_tpot_ms) for r in done])
+        out.append({**dict(zip(keys, key)), "rows": len(rs), "predicted": len(done),
+                    "coverage": len(done) / len(rs) if rs else 0.0,
+                    "ttft_mape": float(t.mean()) if t.size else None,
+                    "ttft_median_ape": float(np.median(t)) if t.size else None,
+                    "tpot_mape": float(p.mean()) if p.size else None,
+                    "tpot_median_ape": float(np.median(p)) if p.size else None})
+    return out
