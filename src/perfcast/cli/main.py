@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, estimate
+from perfcast.cli import catalog, estimate, serve, validate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
 app.command("estimate")(estimate.estimate_command)
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
+app.command("serve")(serve.serve_command)
+app.add_typer(validate.app, name="validate")
 
 
 def main() -> None:  # pragma: no cover

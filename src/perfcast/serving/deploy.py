@@ -142,7 +142,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
 
     if cfg.mode == "agg":
         front, _ = engines(cfg.pool, "agg")
-        return simulate(client, front, num_gpus=cfg.pool.gpus)
+        return simulate(client, front, num_gpus=cfg.pool.gpus,
+                        frontend_s=backend.overheads.frontend_overhead_s)
     if cfg.decode_pool is None:
         raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
                           expected="decode workers and their layout")
@@ -154,4 +155,4 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         return kv_transfer_s(pstep, system, r.prefill_target, involved)
 
     return simulate(client, front, decode_engines=back, transfer_s=transfer,
-                    num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus)
+                    frontend_s=backend.overheads.frontend_overhead_s, num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus)

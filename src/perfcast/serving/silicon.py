@@ -241,10 +241,19 @@ def row_config(row: dict, models: ModelResolver, rules: dict) -> tuple[ServeConf
                                                       capture_sizes=sizes))
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
-                      isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
+                      isl=isl, osl=osl, range_ratio=_range_ratio(row, harness, notes),
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
+
+
+def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
+    src = row.get("silicon_data_source") or ""
+    for rule in harness.get("by_source", []):
+        if rule["match"] in src:
+            notes.append(f"lengths per source rule '{rule['match']}': ratio {rule['range_ratio']}")
+            return float(rule["range_ratio"])
+    return float(harness.get("range_ratio", 1.0))
 
 
 def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:

@@ -53,9 +53,10 @@ class _Router:
 def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              decode_engines: Sequence[Engine] = (),
              transfer_s: Callable[[Request], float] | None = None,
-             max_iterations: int = 50_000_000) -> SimulationResult:
+             frontend_s: float = 0.0, max_iterations: int = 50_000_000) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
-    `decode_engines` (disagg) until every request has finished or been rejected."""
+    `decode_engines` (disagg) until every request has finished or been rejected.
+    `frontend_s`: server time before the engine sees a request (HTTP, tokenisation)."""
     disagg = bool(decode_engines)
     front = _Router(engines)
     back = _Router(decode_engines) if disagg else None
@@ -68,7 +69,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
         for r in reqs:
             e = front.pick()
             owner[r.rid] = e
-            ev = e.submit(r, r.arrival_s)
+            ev = e.submit(r, r.arrival_s + frontend_s)
             if ev is not None:
                 handle(ev, e)
 

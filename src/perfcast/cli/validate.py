@@ -1,0 +1,110 @@
+"""`perfcast validate silicon FILE`: predicted vs measured TTFT/TPOT per deployment row."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfcast.cli.errors import user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Compare predictions with measured deployments.")
+
+CSV_COLUMNS = ("id", "system", "model_path", "backend", "backend_version", "mode", "isl", "osl",
+               "concurrency", "silicon_ttft_ms", "silicon_tpot_ms", "pred_ttft_ms",
+               "pred_tpot_ms", "ttft_ape", "tpot_ape", "reason", "assumptions")
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.4f}"
+
+
+def rows_csv(results) -> str:
+    from perfcast.serving.silicon import ape
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in results:
+        ok = r.predicted
+        w.writerow([r.row_id, r.system, r.model, r.backend, r.backend_version, r.mode,
+                    r.isl or "", r.osl or "", r.concurrency or "", _fmt(r.measured_ttft_ms),
+                    _fmt(r.measured_tpot_ms), _fmt(r.pred_ttft_ms), _fmt(r.pred_tpot_ms),
+                    _fmt(ape(r.pred_ttft_ms, r.measured_ttft_ms)) if ok else "",
+                    _fmt(ape(r.pred_tpot_ms, r.measured_tpot_ms)) if ok else "",
+                    r.reason, "; ".join(r.assumptions)])
+    return buf.getvalue()
+
+
+@app.command("silicon")
+def silicon_command(
+    file: Annotated[Path, typer.Argument(help="silicon-sample CSV (AIConfigurator layout)")],
+    evidence_root: Annotated[Optional[Path], typer.Option(
+        "--evidence-root", help="measured kernels laid out as <system>/<family>/<framework>/"
+        "<version>/*.parquet; without it every cost is analytic")] = None,
+    model_configs: Annotated[Optional[Path], typer.Option(
+        "--model-configs", help="folder of org--name_config.json files (default: built-in catalog)")] = None,
+    output_format: Annotated[Format, typer.Option("--format", help="table | csv | json")] = Format.table,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write here instead of stdout")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="only rows of this mode (agg | disagg)")] = None,
+) -> None:
+    """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
+    from perfcast.serving.silicon import read_rows, summarize, validate_rows
+
+    with user_errors():
+        rows = read_rows(file)
+        if mode:
+            rows = [r for r in rows if (r.get("mode") or "").strip() == mode]
+        evidence_for = None
+        if evidence_root:
+            from perfcast.serving.evidence import evidence_loader
+
+            evidence_for = evidence_loader(evidence_root)
+        results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for)
+        groups = summarize(results)
+        if output_format is Format.csv:
+            text = rows_csv(results)
+        elif output_format is Format.json:
+            text = json.dumps({"rows": [r.__dict__ for r in results], "summary": groups}, indent=2)
+        else:
+            text = None
+        if text is not None:
+            if output:
+                output.write_text(text, encoding="utf-8")
+            else:
+                sys.stdout.write(text)
+            return
+        console = Console(file=open(output, "w", encoding="utf-8") if output else None)
+        table = Table(title=f"silicon validation: {file.name}")
+        for col in ("system", "model", "backend", "rows", "coverage", "TTFT MAPE", "TTFT medAPE",
+                    "TPOT MAPE", "TPOT medAPE"):
+            table.add_column(col, justify="right" if col[0].isupper() or col in ("rows", "coverage") else "left")
+
+        def pct(v):
+            return "-" if v is None else f"{100 * v:.1f}%"
+
+        for g in groups:
+            table.add_row(g["system"], g["model"], g["backend"], str(g["rows"]),
+                          pct(g["coverage"]), pct(g["ttft_mape"]), pct(g["ttft_median_ape"]),
+                          pct(g["tpot_mape"]), pct(g["tpot_median_ape"]))
+        console.print(table)
+        reasons: dict[str, int] = {}
+        for r in results:
+            if r.reason:
+                reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            console.print(f"{n:5d} not predicted: {reason}")
