@@ -123,6 +123,7 @@ class StepCostModel:
         self._graphs: dict[tuple, tuple[Part, Part]] = {}
         self._memory = None
         self.graphs_built = 0
+        self.dp = plan.dp
 
     # -- exact terms (one costed graph per key) -----------------------------------------
     def _split(self, batch: Batch) -> tuple[Part, Part]:
@@ -150,18 +151,21 @@ class StepCostModel:
         return out
 
     def body_exact(self, tokens: int) -> Part:
-        return self._split(Batch.prefill(1, tokens))[0]
+        """Context-free tasks when every attention-DP rank computes `tokens` tokens."""
+        return self._split(Batch.prefill(self.dp, tokens))[0]
 
     def head_exact(self, sequences: int) -> Part:
         if sequences <= 1:
             return ZERO
-        return self._split(Batch.decode(sequences, 1))[0] - self.body_exact(sequences)
+        per_rank = -(-sequences // self.dp)
+        return self._split(Batch.decode(sequences, 1))[0] - self.body_exact(per_rank)
 
     def attn_decode_exact(self, requests: int, context: int) -> Part:
         return self._split(Batch.decode(requests, max(context, 1)))[1]
 
     def attn_prefill_exact(self, q_tokens: int, context: int) -> Part:
-        return self._split(Batch.prefill(1, q_tokens, context))[1]
+        """Attention of one chunk on one rank."""
+        return self._split(Batch.prefill(self.dp, q_tokens, context))[1]
 
     # -- interpolated terms ---------------------------------------------------------------
     @staticmethod
@@ -220,21 +224,38 @@ class StepCostModel:
         return out
 
     # -- whole steps ------------------------------------------------------------------------
-    def graph_padded(self, shape: StepShape) -> int | None:
-        """Token count of the CUDA graph that replays this step, or None (eager)."""
+    def busiest_rank(self, shape: StepShape) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """(tokens, prefill chunks) of the most loaded attention-DP rank: decodes split
+        evenly, chunks placed greedily on the least loaded rank (largest first)."""
+        if self.dp == 1:
+            return shape.tokens, shape.prefill
+        decode = -(-shape.decode_requests // self.dp)
+        loads = [decode] * self.dp
+        placed: list[list[tuple[int, int]]] = [[] for _ in range(self.dp)]
+        for chunk in sorted(shape.prefill, reverse=True):
+            i = min(range(self.dp), key=loads.__getitem__)
+            loads[i] += chunk[0]
+            placed[i].append(chunk)
+        i = max(range(self.dp), key=loads.__getitem__)
+        return loads[i], tuple(placed[i])
+
+    def graph_padded(self, shape: StepShape, rank_tokens: int | None = None) -> int | None:
+        """Per-rank token count of the CUDA graph that replays this step, or None."""
         if self.cuda_graph.max_batch <= 0:
             return None
         if shape.prefill and self.cuda_graph.decode_only:
             return None
-        return self.cuda_graph.padded(shape.tokens)
+        if rank_tokens is None:
+            rank_tokens = self.busiest_rank(shape)[0]
+        return self.cuda_graph.padded(rank_tokens)
 
     def kernel_parts(self, shape: StepShape) -> tuple[Part, int | None]:
-        padded = self.graph_padded(shape)
-        tokens = padded or shape.tokens
-        part = self.body(tokens) + self.head(max(shape.sequences, 1))
+        tokens, chunks = self.busiest_rank(shape)
+        padded = self.graph_padded(shape, tokens)
+        part = self.body(padded or tokens) + self.head(max(shape.sequences, 1))
         if shape.decode_requests:
             part = part + self.attn_decode(shape.decode_requests, shape.decode_context)
-        for q, c in shape.prefill:
+        for q, c in chunks:
             part = part + self.attn_prefill(q, c)
         return part, padded
 
@@ -258,7 +279,7 @@ class StepCostModel:
         padded = self.graph_padded(shape)
         ov = self.overheads
         launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
-        fixed = self.body(padded or requests) + self.head(requests)
+        fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
         base = (fixed.kernel_s + fixed.kernels * launch + ov.step_overhead_s
                 + ov.per_request_overhead_s * requests)
         if not self.interpolate or steps <= 2:

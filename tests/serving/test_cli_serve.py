@@ -1,0 +1,47 @@
+"""`perfcast serve`: one deployment -> metrics JSON with the documented keys."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from perfcast.cli.main import app
+
+KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "throughput_tokens_per_s",
+        "tokens_per_s_per_gpu", "tokens_per_s_per_user")
+
+
+def test_serve_json_keys_and_consistency(tmp_path):
+    trace = tmp_path / "trace.json"
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--concurrency", "4", "--isl",
+                                   "256", "--osl", "32", "--format", "json", "--chrome-trace",
+                                   str(trace)])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)
+    for key in KEYS:
+        assert key in m
+    for key in KEYS[:4]:
+        assert set(m[key]) == {"mean", "p50", "p90", "p99"}
+        assert m[key]["p50"] <= m[key]["p99"]
+    assert m["completed_requests"] == 40
+    assert m["tokens_per_s_per_gpu"] == m["throughput_tokens_per_s"] / m["num_gpus"]
+    assert m["e2e_ms"]["mean"] > m["ttft_ms"]["mean"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "decode" for e in events)
+
+
+def test_serve_disagg_and_open_loop_run():
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--mode", "disagg",
+                                   "--decode-workers", "2", "--concurrency", "0",
+                                   "--request-rate", "5", "--num-requests", "30", "--isl", "128",
+                                   "--osl", "16", "--format", "json", "--backend", "sglang"])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)
+    assert m["completed_requests"] == 30 and m["num_gpus"] == 3
+
+
+def test_serve_bad_input_is_one_line_error():
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--policy", "fifo"])
+    assert res.exit_code == 2
+    assert "policy" in res.output

@@ -1,0 +1,91 @@
+"""`validate silicon`: rows become deployments; bad rows get reasons, never numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from perfcast.cli.main import app
+from perfcast.serving.evidence import nearest_version, version_key
+from perfcast.serving.silicon import read_rows, summarize, validate_rows
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "silicon_h100_slice.csv"
+
+
+@pytest.fixture(scope="module")
+def results():
+    return validate_rows(read_rows(FIXTURE))
+
+
+def test_modelled_rows_are_predicted_and_agree_with_measurement(results):
+    by_model = {r.model: r for r in results if r.predicted}
+    assert len(by_model) == 2  # Llama-3.1-8B (x2 rows) and Llama-3.1-70B
+    for r in results:
+        if r.predicted:
+            assert r.pred_ttft_ms > 0 and r.pred_tpot_ms > 0
+            # analytic costs: decode speed within 25% of the measured deployment
+            assert abs(r.pred_tpot_ms / r.measured_tpot_ms - 1) < 0.25
+    llama8 = [r for r in results if "8B" in r.model]
+    assert llama8[0].assumptions and "Llama-3.1-8B" in llama8[0].assumptions[0]
+
+
+def test_bad_rows_get_reasons(results):
+    reasons = {r.row_id: r.reason for r in results if not r.predicted}
+    assert any("exceeds one 8-GPU node" in v for v in reasons.values())
+    assert any("worker counts" in v for v in reasons.values())
+    for r in results:
+        assert r.predicted != bool(r.reason)
+
+
+def test_unknown_model_and_broken_fields_are_reported():
+    row = read_rows(FIXTURE)[0]
+    rows = [dict(row, model_path="acme/NoSuchModel-7B"), dict(row, silicon_tpot_ms=""),
+            dict(row, isl="abc"), dict(row, backend="tgi"),
+            dict(row, backend="trtllm", backend_version="1.2.0rc6.post3")]
+    out = validate_rows(rows)
+    assert [r.predicted for r in out] == [False] * 5
+    assert "no config.json" in out[0].reason
+    assert "silicon_tpot_ms" in out[1].reason
+    assert "'isl' is not a number" in out[2].reason
+    assert "unknown backend" in out[3].reason
+    assert "MTP" in out[4].reason
+
+
+def test_unsupported_architecture_is_a_reason(tmp_path):
+    cfg = {"model_type": "mamba", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "vocab_size": 100}
+    (tmp_path / "acme--Snake-1B_config.json").write_text(json.dumps(cfg))
+    row = dict(read_rows(FIXTURE)[0], model_path="acme/Snake-1B")
+    (res,) = validate_rows([row], configs_dir=tmp_path)
+    assert not res.predicted and "mamba" in res.reason
+
+
+def test_summary_reports_coverage_and_mape(results):
+    overall = [g for g in summarize(results) if g["model"] == "*"][0]
+    assert overall["rows"] == 5 and overall["predicted"] == 3
+    assert overall["coverage"] == pytest.approx(0.6)
+    assert 0 <= overall["tpot_mape"] < 0.25
+
+
+def test_cli_csv_has_one_row_per_id_with_reasons(tmp_path):
+    out = tmp_path / "pred.csv"
+    res = CliRunner().invoke(app, ["validate", "silicon", str(FIXTURE), "--format", "csv",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in rows] == [r["id"] for r in read_rows(FIXTURE)]
+    for r in rows:
+        assert bool(r["pred_ttft_ms"]) == bool(r["pred_tpot_ms"]) == (not r["reason"])
+
+
+def test_versions_order_and_nearest_choice():
+    assert version_key("1.2.0rc5") < version_key("1.2.0") < version_key("1.2.0.post1")
+    assert version_key("0.5.6.post2") < version_key("0.5.9") < version_key("0.5.10")
+    avail = ["1.2.0rc5", "1.3.0rc10", "1.3.0rc20"]
+    assert nearest_version("1.3.0rc15", avail) == "1.3.0rc10"
+    assert nearest_version("1.0.0rc3", avail) == "1.2.0rc5"
+    assert nearest_version("", avail) == "1.3.0rc20"
