@@ -5,12 +5,14 @@ from __future__ import annotations
 import typer
 
 from perfcast.cli import catalog, estimate, serve, validate
+from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
 app.command("estimate")(estimate.estimate_command)
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
+app.add_typer(evidence_cli.app, name="evidence")
 app.command("serve")(serve.serve_command)
 app.add_typer(validate.app, name="validate")
 
