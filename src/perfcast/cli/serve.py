@@ -96,14 +96,17 @@ def serve_command(
                           request_rate_per_s=request_rate or None,
                           num_requests=num_requests or None, warmup_requests=warmup_requests,
                           seed=seed, interpolate=not exact, record_trace=chrome_trace is not None)
-        evidence = []
+        providers, context = (), None
         if evidence_root:
+            from perfcast.hardware import load_system
             from perfcast.serving.evidence import evidence_loader
 
-            from perfcast.hardware import load_system
-            evidence = evidence_loader(evidence_root)(load_system(device).name, bk.name,
-                                                      backend_version)
-        result = run_serving(cfg, evidence=evidence)
+            ev = evidence_loader(evidence_root)(load_system(device).name, bk.name,
+                                                backend_version)
+            providers, context = ev.providers, (ev.context if ev.providers else None)
+            if ev.note:
+                typer.echo(f"note: {ev.note}", err=True)
+        result = run_serving(cfg, evidence=providers, evidence_context=context)
         if chrome_trace:
             from perfcast.serving.trace import write_iteration_trace
 

@@ -108,12 +108,17 @@ def kv_transfer_s(step: StepCostModel, system: System, tokens: int, gpus_involve
 
 
 def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
+                evidence_context: CostQueryContext | None = None,
                 cache: StepModelCache | None = None) -> SimulationResult:
+    """Simulate one deployment. `evidence` are measured providers (ahead of the analytic
+    models); `evidence_context` the query context that selects them (runtime, collected
+    version, kernel implementations)."""
     cache = cache or StepModelCache()
     model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(cfg.backend)
-    context = CostQueryContext(runtime=backend.name, runtime_revision=cfg.backend_version)
+    context = evidence_context or CostQueryContext(runtime=backend.name,
+                                                   runtime_revision=cfg.backend_version)
     lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)
     if cfg.mode not in ("agg", "disagg"):
         raise ConfigError(f"unknown mode {cfg.mode!r}", field="mode", expected="agg | disagg")

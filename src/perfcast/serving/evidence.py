@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError
+from perfcast.core.frozen import FrozenDict
+from perfcast.evidence.contracts import CostQueryContext
 
 
 def version_key(text: str) -> tuple:
@@ -45,41 +48,100 @@ def nearest_version(wanted: str, available: list[str]) -> str | None:
     return min(available, key=version_key)
 
 
+ANCHOR_FAMILY = "gemm"  # a collected version counts only if it measured GEMMs
+
+
 def collected_versions(root: Path, system: str, backend: str) -> list[str]:
+    """Versions of `backend` with GEMM tables (a version that only measured, say, one
+    exotic kernel family cannot cost a deployment)."""
     base = root / system
     versions: set[str] = set()
-    if base.is_dir():
-        for family in base.iterdir():
-            folder = family / backend
-            if folder.is_dir():
-                versions.update(p.name for p in folder.iterdir() if p.is_dir())
+    folders = [base / ANCHOR_FAMILY] if (base / ANCHOR_FAMILY).is_dir() else \
+        (list(base.iterdir()) if base.is_dir() else [])
+    for family in folders:
+        folder = family / backend
+        if folder.is_dir():
+            versions.update(p.name for p in folder.iterdir() if p.is_dir())
     return sorted(versions, key=version_key)
 
 
-def evidence_loader(root: Path) -> Callable[[str, str, str], list]:
+@dataclass(frozen=True)
+class DeploymentEvidence:
+    """Measured providers for one (system, backend, collected version), and the query
+    context that selects them: runtime, the collected version and, per operation, the
+    kernel implementation the tables were measured with."""
+
+    providers: tuple
+    context: CostQueryContext
+    version: str
+    note: str = ""
+
+
+EMPTY = DeploymentEvidence((), CostQueryContext(), "")
+
+
+def evidence_loader(root: Path, *, policy: str = "interpolate"
+                    ) -> Callable[[str, str, str], DeploymentEvidence]:
     """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder."""
     if not root.is_dir():
         raise ConfigError("is not a folder", source=str(root), field="--evidence-root",
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
-    cache: dict[tuple[str, str, str], list] = {}
+    cache: dict[tuple[str, str, str], DeploymentEvidence] = {}
 
-    def evidence_for(system: str, backend: str, version: str) -> list:
+    def evidence_for(system: str, backend: str, version: str) -> DeploymentEvidence:
         chosen = nearest_version(version, collected_versions(root, system, backend))
         if chosen is None:
-            return []
+            return EMPTY
         key = (system, backend, chosen)
         if key not in cache:
-            cache[key] = _import(root, system, backend, chosen)
-        return cache[key]
+            cache[key] = _import(root, system, backend, chosen, policy)
+        ev = cache[key]
+        if chosen != version:
+            note = (f"evidence collected with {backend} {chosen} used for "
+                    f"{backend} {version or '(version not given)'}")
+            ev = replace(ev, note=note)
+        return ev
 
     return evidence_for
 
 
-def _import(root: Path, system: str, backend: str, version: str) -> list:
-    try:
-        from perfcast.evidence.importers import aiconfigurator  # noqa: F401
-    except ImportError as exc:  # the measured-evidence layer is not installed
-        raise ConfigError("measured evidence needs the AIConfigurator importer "
-                          "(perfcast.evidence.importers.aiconfigurator)",
-                          field="--evidence-root") from exc
-    return aiconfigurator.providers_for(root, system=system, framework=backend, version=version)
+def _import(root: Path, system: str, backend: str, version: str,
+            policy: str) -> DeploymentEvidence:
+    from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.database import PerformanceDatabase
+    from perfcast.evidence.importers.aiconfigurator import import_system
+    from perfcast.hardware import load_system
+
+    sys_obj = load_system(system)
+    parts = []
+    for family in sorted((root / system).iterdir()):
+        folder = family / backend / version
+        if not folder.is_dir():
+            continue
+        try:
+            parts.append(import_system(folder, hardware=sys_obj.name))
+        except ConfigError:
+            continue  # a family without supported tables (e.g. encoder attention)
+    if not parts:
+        return EMPTY
+    db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{version}")
+    context = CostQueryContext(runtime=backend, runtime_revision=version,
+                               implementations=FrozenDict(implementations(db)))
+    providers = tuple(evidence_providers([db], sys_obj, policy))
+    return DeploymentEvidence(providers, context, version)
+
+
+def implementations(db) -> dict[str, str]:
+    """Per operation, the kernel implementation with the most measured rows."""
+    import collections
+
+    table = db.table
+    if "sel.str.implementation" not in table.column_names:
+        return {}
+    counts = collections.Counter(zip(table.column("operation").to_pylist(),
+                                     table.column("sel.str.implementation").to_pylist()))
+    best: dict[str, tuple[int, str]] = {}
+    for (op, impl), n in counts.items():
+        if impl and (op not in best or n > best[op][0]):
+            best[op] = (n, impl)
+    return {op: impl for op, (n, impl) in best.items()}

@@ -281,7 +281,7 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
-    providers for a deployment (empty: analytic only)."""
+    evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only)."""
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
     cache = StepModelCache()
@@ -300,9 +300,13 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             cfg, notes = row_config(row, models, rules)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes
-            evidence = evidence_for(res.system, res.backend, res.backend_version) \
-                if evidence_for else []
-            sim = run_serving(cfg, evidence=evidence, cache=cache)
+            providers, context = (), None
+            if evidence_for:
+                ev = evidence_for(res.system, res.backend, res.backend_version)
+                providers, context = ev.providers, (ev.context if ev.providers else None)
+                if ev.note:
+                    res.assumptions.append(ev.note)
+            sim = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache)
             m = sim.metrics
             if m.rejected_requests:
                 raise RowError(f"{m.rejected_requests} requests could not be served: "
