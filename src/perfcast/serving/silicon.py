@@ -180,7 +180,8 @@ def _concurrency(row: dict, per_rank: int) -> int:
     return per_rank
 
 
-def row_config(row: dict, models: ModelResolver, rules: dict) -> tuple[ServeConfig, list[str]]:
+def row_config(row: dict, models: ModelResolver, rules: dict,
+               overheads: dict | None = None) -> tuple[ServeConfig, list[str]]:
     """The deployment one row describes, plus the assumptions made to build it."""
     notes: list[str] = []
     for key in REQUIRED:
@@ -202,6 +203,8 @@ def row_config(row: dict, models: ModelResolver, rules: dict) -> tuple[ServeConf
         backend = load_backend(name)
     except ConfigError as exc:
         raise RowError(str(exc)) from None
+    if overheads and name in overheads:
+        backend = backend.with_overheads(**overheads[name])
     if not version:
         notes.append("backend_version empty: engine defaults of the backend file used")
     isl, osl = _int(row, "isl"), _int(row, "osl")
@@ -250,8 +253,9 @@ def row_config(row: dict, models: ModelResolver, rules: dict) -> tuple[ServeConf
 def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
     src = row.get("silicon_data_source") or ""
     for rule in harness.get("by_source", []):
-        if rule["match"] in src:
-            notes.append(f"lengths per source rule '{rule['match']}': ratio {rule['range_ratio']}")
+        match = rule["match"] if isinstance(rule["match"], list) else [rule["match"]]
+        if all(m in src for m in match):
+            notes.append(f"lengths per campaign rule {match}: ratio {rule['range_ratio']}")
             return float(rule["range_ratio"])
     return float(harness.get("range_ratio", 1.0))
 
@@ -279,9 +283,11 @@ def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
 
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
+                  progress: Callable[[int, int], None] | None = None,
+                  overheads: dict | None = None) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
-    evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only)."""
+    evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
+    `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps)."""
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
     cache = StepModelCache()
@@ -297,7 +303,7 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             res.measured_tpot_ms = _num(row, "silicon_tpot_ms")
             if res.measured_ttft_ms <= 0 or res.measured_tpot_ms <= 0:
                 raise RowError("measured TTFT/TPOT must be positive")
-            cfg, notes = row_config(row, models, rules)
+            cfg, notes = row_config(row, models, rules, overheads)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes
             providers, context = (), None
