@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, estimate, serve, validate
+from perfcast.cli import catalog, estimate, search, serve, validate
 from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -14,6 +14,7 @@ app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
 app.add_typer(evidence_cli.app, name="evidence")
 app.command("serve")(serve.serve_command)
+app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")
 
 
