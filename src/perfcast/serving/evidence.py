@@ -125,8 +125,11 @@ def _import(root: Path, system: str, backend: str, version: str,
     if not parts:
         return EMPTY
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{version}")
-    context = CostQueryContext(runtime=backend, runtime_revision=version,
-                               implementations=FrozenDict(implementations(db)))
+    context = CostQueryContext(
+        runtime=backend, runtime_revision=version,
+        implementations=FrozenDict(implementations(db)),
+        operation_dimensions=FrozenDict({op: FrozenDict(d) for op, d in
+                                         operation_selectors(db).items()}))
     providers = tuple(evidence_providers([db], sys_obj, policy))
     return DeploymentEvidence(providers, context, version)
 
@@ -145,3 +148,30 @@ def implementations(db) -> dict[str, str]:
         if impl and (op not in best or n > best[op][0]):
             best[op] = (n, impl)
     return {op: impl for op, (n, impl) in best.items()}
+
+
+CONTEXT_SELECTORS = ("sel.str.implementation", "sel.str.runtime", "sel.str.runtime_revision")
+
+
+def operation_selectors(db) -> dict[str, dict[str, str]]:
+    """Per operation, string selectors the records require beyond the shape and the
+    runtime context and that take one value only (e.g. the all-reduce `backend`), so
+    the deployment's queries state what its runtime runs. Selectors with several
+    values (a phase, a KV dtype, a routing distribution) are shape facts the query must
+    state itself; they are never filled in here."""
+    import collections
+
+    table = db.table
+    ops = table.column("operation").to_pylist()
+    out: dict[str, dict[str, str]] = {}
+    for name in table.column_names:
+        if not name.startswith("sel.str.") or name in CONTEXT_SELECTORS:
+            continue
+        values: dict[str, set] = collections.defaultdict(set)
+        for op, v in zip(ops, table.column(name).to_pylist()):
+            if v:
+                values[op].add(v)
+        for op, vs in values.items():
+            if len(vs) == 1:
+                out.setdefault(op, {})[name[len("sel.str."):]] = next(iter(vs))
+    return out

@@ -284,10 +284,14 @@ def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  overheads: dict | None = None) -> list[RowResult]:
+                  overheads: dict | None = None, statistic: str = "mean") -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
-    `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps)."""
+    `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
+    `statistic`: which per-request aggregate is compared with the row (mean | p50)."""
+    if statistic not in ("mean", "p50"):
+        raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
+                          expected="mean | p50")
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
     cache = StepModelCache()
@@ -317,8 +321,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             if m.rejected_requests:
                 raise RowError(f"{m.rejected_requests} requests could not be served: "
                                + sim.rejected[0].reject_reason)
-            res.pred_ttft_ms = m.ttft_ms["mean"]
-            res.pred_tpot_ms = m.tpot_ms["mean"]
+            res.pred_ttft_ms = m.ttft_ms[statistic]
+            res.pred_tpot_ms = m.tpot_ms[statistic]
         except RowError as exc:
             res.reason = str(exc)
         except PerfcastError as exc:
