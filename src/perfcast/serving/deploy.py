@@ -54,24 +54,31 @@ class ServeConfig:
 
 
 class StepModelCache:
-    """Reuses step cost models (and their costed graphs) across simulations of the
-    same deployment: keyed by model, plan, precision, system, backend and evidence."""
+    """Reuses costed graphs across simulations of the same deployment: terms are keyed
+    by model, plan, precision, system, evidence and query context (not by scheduler,
+    overheads or CUDA-graph settings, which only change how terms are combined)."""
 
     def __init__(self) -> None:
+        self._graphs: dict[tuple, dict] = {}
+        self._resolvers: dict[tuple, object] = {}
         self._models: dict[tuple, StepCostModel] = {}
 
     def get(self, model: ModelSpec, plan: ParallelPlan, system: System,
             backend: BackendDefaults, precision: Precision | None,
             evidence: Sequence[CostProvider], context: CostQueryContext,
             interpolate: bool) -> StepCostModel:
-        key = (model.digest, plan.digest, system.digest, backend, precision,
-               tuple(id(p) for p in evidence), context.digest, interpolate)
+        ev_key = (system.digest, tuple(id(p) for p in evidence))
+        base = (model.digest, plan.digest, precision, context.digest, ev_key)
+        key = (base, backend.overheads, backend.cuda_graph, interpolate)
         hit = self._models.get(key)
         if hit is None:
-            hit = StepCostModel(model, plan, system, serving_resolver(system, evidence),
+            if ev_key not in self._resolvers:
+                self._resolvers[ev_key] = serving_resolver(system, evidence)
+            hit = StepCostModel(model, plan, system, self._resolvers[ev_key],
                                 precision=precision, context=context,
                                 overheads=backend.overheads, cuda_graph=backend.cuda_graph,
-                                interpolate=interpolate)
+                                interpolate=interpolate,
+                                graph_cache=self._graphs.setdefault(base, {}))
             self._models[key] = hit
         return hit
 

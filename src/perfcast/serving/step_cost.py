@@ -33,7 +33,7 @@ import numpy as np
 
 from perfcast.evidence.collectives import CollectiveCostProvider
 from perfcast.evidence.contracts import CostProvider, CostQueryContext
-from perfcast.evidence.costing import cost_graph
+from perfcast.evidence.queries import query_for_task
 from perfcast.evidence.resolver import CostResolver
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System
@@ -110,7 +110,10 @@ class StepCostModel:
     def __init__(self, model: ModelSpec, plan: ParallelPlan, system: System,
                  resolver: CostResolver, *, precision: Precision | None = None,
                  context: CostQueryContext | None = None, overheads: Overheads | None = None,
-                 cuda_graph: CudaGraphConfig | None = None, interpolate: bool = True) -> None:
+                 cuda_graph: CudaGraphConfig | None = None, interpolate: bool = True,
+                 graph_cache: dict | None = None) -> None:
+        """`graph_cache`: costed terms shared by step models of the same deployment and
+        resolver that differ only in overheads or CUDA-graph settings."""
         self.model = model
         self.plan = plan
         self.system = system
@@ -120,52 +123,65 @@ class StepCostModel:
         self.overheads = overheads or Overheads()
         self.cuda_graph = cuda_graph or CudaGraphConfig()
         self.interpolate = interpolate
-        self._graphs: dict[tuple, tuple[Part, Part]] = {}
+        self._graphs: dict[tuple, tuple[Part, Part]] = {} if graph_cache is None else graph_cache
         self._memory = None
         self.graphs_built = 0
         self.dp = plan.dp
+        self._terms: dict[tuple, Part] = {}   # memo of terms by primitive shape keys
 
     # -- exact terms (one costed graph per key) -----------------------------------------
-    def _split(self, batch: Batch) -> tuple[Part, Part]:
-        key = tuple((s.num_requests, s.q_tokens, s.context_tokens) for s in batch.segments)
+    def _split(self, batch: Batch, context_tasks: bool) -> Part:
+        """Kernel time and count of the context tasks (those with a `kv_len` axis) or of
+        the context-free ones, of one batch's graph; only that half is resolved."""
+        key = (context_tasks,) + tuple((s.num_requests, s.q_tokens, s.context_tokens)
+                                       for s in batch.segments)
         hit = self._graphs.get(key)
         if hit is not None:
             return hit
         graph = build_task_graph(self.model, self.plan, batch, self.precision)
-        costed = cost_graph(graph, self.system.name, self.resolver, self.context)
-        free_s = free_n = ctx_s = ctx_n = 0.0
-        for ct in costed.tasks:
-            if ct.task.kind is TaskKind.VIEW or ct.latency_s == 0.0:
+        latency = n = 0.0
+        for task in graph.tasks:
+            if task.kind is TaskKind.VIEW or ("kv_len" in task.work.axes) != context_tasks:
                 continue
-            if "kv_len" in ct.task.work.axes:
-                ctx_s += ct.total_latency_s
-                ctx_n += ct.task.count
-            else:
-                free_s += ct.total_latency_s
-                free_n += ct.task.count
+            est = self.resolver.resolve(query_for_task(task, self.system.name,
+                                                       self.context)).estimate
+            if est.latency_s == 0.0:
+                continue
+            latency += est.latency_s * task.count
+            n += task.count
         if self._memory is None:
             self._memory = graph.memory
         self.graphs_built += 1
-        out = (Part(free_s, free_n), Part(ctx_s, ctx_n))
+        out = Part(latency, n)
         self._graphs[key] = out
         return out
 
+    def _memo(self, key: tuple, fn) -> Part:
+        hit = self._terms.get(key)
+        if hit is None:
+            hit = self._terms[key] = fn()
+        return hit
+
     def body_exact(self, tokens: int) -> Part:
         """Context-free tasks when every attention-DP rank computes `tokens` tokens."""
-        return self._split(Batch.prefill(self.dp, tokens))[0]
+        return self._memo(("body", tokens),
+                          lambda: self._split(Batch.prefill(self.dp, tokens), False))
 
     def head_exact(self, sequences: int) -> Part:
         if sequences <= 1:
             return ZERO
         per_rank = -(-sequences // self.dp)
-        return self._split(Batch.decode(sequences, 1))[0] - self.body_exact(per_rank)
+        return self._memo(("head", sequences), lambda: self._split(Batch.decode(sequences, 1), False)
+                          - self.body_exact(per_rank))
 
     def attn_decode_exact(self, requests: int, context: int) -> Part:
-        return self._split(Batch.decode(requests, max(context, 1)))[1]
+        return self._memo(("dec", requests, context),
+                          lambda: self._split(Batch.decode(requests, max(context, 1)), True))
 
     def attn_prefill_exact(self, q_tokens: int, context: int) -> Part:
         """Attention of one chunk on one rank."""
-        return self._split(Batch.prefill(self.dp, q_tokens, context))[1]
+        return self._memo(("pre", q_tokens, context),
+                          lambda: self._split(Batch.prefill(self.dp, q_tokens, context), True))
 
     # -- interpolated terms ---------------------------------------------------------------
     @staticmethod
@@ -186,10 +202,10 @@ class StepCostModel:
         return fn(lo).scaled(1 - w) + fn(hi).scaled(w)
 
     def body(self, tokens: int) -> Part:
-        return self._interp1(self.body_exact, tokens)
+        return self._memo(("ibody", tokens), lambda: self._interp1(self.body_exact, tokens))
 
     def head(self, sequences: int) -> Part:
-        return self._interp1(self.head_exact, sequences)
+        return self._memo(("ihead", sequences), lambda: self._interp1(self.head_exact, sequences))
 
     def attn_decode(self, requests: int, context: float) -> Part:
         if requests <= 0:
@@ -291,8 +307,9 @@ class StepCostModel:
         i1 = bisect.bisect_left(_NODES, hi_c)
         nodes = _NODES[max(i0, 0): i1 + 1]
         xs = np.array(nodes, dtype=float)
-        ys = np.array([(lambda p: p.kernel_s + p.kernels * launch)(self.attn_decode(requests, n))
-                       for n in nodes])
+        ys = np.array([(lambda p: p.kernel_s + p.kernels * launch)(
+            self._memo(("idec", requests, n), lambda n=n: self.attn_decode(requests, n)))
+            for n in nodes])
         return base + np.interp(np.maximum(contexts, 1.0), xs, ys)
 
     # -- memory facts -----------------------------------------------------------------------
