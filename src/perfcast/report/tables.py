@@ -30,7 +30,8 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
     rows = op_rows(result)
     g = result.graph
     title = (f"{g.model.name} on {result.system.name} x{g.num_devices} "
-             f"(tp={g.plan.tp} pp={g.plan.pp}) - {g.batch.phase}, {g.batch.tokens} tokens")
+             f"(tp={g.plan.tp} pp={g.plan.pp} dp={g.plan.dp} ep={g.plan.ep}) - "
+             f"{g.batch.phase}, {g.batch.tokens} tokens")
     table = Table(title=title, show_lines=False)
     for col, just in (("operator", "left"), ("lineage group", "left"), ("calls", "right"),
                       ("total", "right"), ("avg", "right"), ("bound", "left"),

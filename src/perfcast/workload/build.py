@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families import family_for
@@ -80,6 +82,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     memory = memory_facts(builder.tasks, plan, block_size=block_size,
                           reserve_bytes=reserve_bytes, residual_bytes=tokens * model.hidden_size
                           * dtype_bytes(precision.activation))
+    memory = replace(memory, activations_per_token=memory.activations / tokens)
     return builder.build(memory)
 
 

@@ -82,7 +82,9 @@ class MemoryFacts(Record):
     * `reserve`: framework reserve (workspace, CUDA graphs, allocator slack) as declared;
     * `kv_bytes_per_token`: ((window or 0), bytes) pairs: cache bytes one token of one
       request adds on this device, summed over the layers with that window;
-    * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests.
+    * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests;
+    * `activations_per_token`: `activations` / the step's tokens per device, so that
+      `max_batch_for` can scale the activation peak with the batch.
     """
 
     weights: float
@@ -92,6 +94,7 @@ class MemoryFacts(Record):
     kv_bytes_per_token: tuple[tuple[int, float], ...] = ()
     dp_ranks: int = 1
     block_size: int = 0
+    activations_per_token: float = 0.0
 
     @property
     def total(self) -> float:
@@ -107,14 +110,21 @@ class MemoryFacts(Record):
             total += tokens * per_token
         return total
 
-    def max_batch_for(self, context_tokens: int, capacity_bytes: float) -> int:
+    def max_batch_for(self, context_tokens: int, capacity_bytes: float, *,
+                      query_tokens: int = 1) -> int:
         """Most concurrent requests of `context_tokens` cached tokens each that fit in
-        `capacity_bytes` per device, over all attention-DP ranks. Weights, reserve and
-        this step's activation peak stay resident; 0 when even one request does not fit."""
+        `capacity_bytes` per device, over all attention-DP ranks, when each computes
+        `query_tokens` new tokens per step. Weights and reserve stay resident; the
+        activation peak grows by `activations_per_token` per new token (or stays at
+        `activations` when unknown). 0 when even one request does not fit."""
         if context_tokens < 1:
             raise ValueError("context_tokens must be positive")
-        free = capacity_bytes - self.weights - self.reserve - self.activations
+        free = capacity_bytes - self.weights - self.reserve
         per_request = self.kv_bytes_per_request(context_tokens)
+        if self.activations_per_token:
+            per_request += self.activations_per_token * query_tokens
+        else:
+            free -= self.activations
         if free <= 0:
             return 0
         if per_request <= 0:
