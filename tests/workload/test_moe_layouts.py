@@ -13,6 +13,8 @@ LAYOUTS = [
     ParallelPlan(tp=2, dp=4, ep=8), ParallelPlan(tp=2, dp=4, ep=4),
     ParallelPlan(tp=4, pp=2), ParallelPlan(dp=4, ep=4, moe_dispatch="all_gather"),
     ParallelPlan(tp=2, dp=2, ep=2, moe_tp=2), ParallelPlan(dp=2, pp=2, ep=2),
+    ParallelPlan(tp=4, sp=True), ParallelPlan(tp=2, dp=2, ep=4, sp=True),
+    ParallelPlan(tp=2, dp=2, ep=2, moe_tp=2, sp=True),
 ]
 BATCHES = [
     Batch.decode(64, 2048),
@@ -157,3 +159,20 @@ def test_pipeline_stages_send_and_split_moe_layers():
     assert send.work.message_bytes == 16 * 7168 * 2  # 64 requests / 4 DP ranks, bf16
     assert {t.stage for t in g.tasks if t.group == "moe.experts"} == {0, 1}
     assert task(g, "L3-30.moe.experts").count + task(g, "L31-60.moe.experts").count == 58
+
+
+def test_sequence_parallel_norms_and_collectives():
+    # Llama-3.1-8B, TP4 with SP, prefill of 2 x 512 tokens: norms see 1/4 of the tokens;
+    # each all-reduce becomes a reduce-scatter, and an all-gather precedes each block
+    g = graph("meta-llama/Llama-3.1-8B", ParallelPlan(tp=4, sp=True), Batch.prefill(2, 512))
+    groups = {t.group for t in g.tasks}
+    assert {"attn.reduce_scatter", "mlp.reduce_scatter", "attn.sp_all_gather",
+            "mlp.sp_all_gather", "embed.reduce_scatter"} <= groups
+    assert not {"attn.all_reduce", "mlp.all_reduce"} & groups
+    norm = task(g, "L0-31.attn.input_norm")
+    assert norm.work.axes["tokens"] == 1024 // 4 and "replicas" not in norm.attributes
+    rs = task(g, "L0-31.attn.reduce_scatter")
+    ag = task(g, "L0-31.mlp.sp_all_gather")
+    assert rs.work.message_bytes == ag.work.message_bytes == 1024 * 4096 * 2
+    plain = graph("meta-llama/Llama-3.1-8B", ParallelPlan(tp=4), Batch.prefill(2, 512))
+    assert task(plain, "L0-31.attn.input_norm").attributes["replicas"] == 4

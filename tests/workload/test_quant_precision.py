@@ -119,3 +119,17 @@ def test_unknown_quant_method_names_the_field():
 ])
 def test_module_names_map_to_lineage_groups(name, groups):
     assert groups_for_module(name) == groups
+
+
+def test_quantised_attention_uses_the_quant_operators():
+    m = load_model_spec("meta-llama/Llama-3.1-8B")
+    g = build_task_graph(m, ParallelPlan(), Batch.decode(2, 100),
+                         precision_for_model(m, attention_action="INT8"))
+    core = task(g, "L0-31.attn.core")
+    assert core.operator == "tensor_cast.attention_quant.default"
+    assert core.work.axes["kv_dtype"] == "int8"
+    v3 = load_model_spec("deepseek-ai/DeepSeek-V3")
+    g = build_task_graph(v3, ParallelPlan(), Batch.decode(2, 100),
+                         precision_for_model(v3, attention_action="FP8"))
+    assert task(g, "L3-60.mla.core").operator == \
+        "tensor_cast.multihead_latent_attention_quant.default"

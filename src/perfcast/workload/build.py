@@ -45,9 +45,6 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     if mtp_layers < 0 or block_size < 0 or reserve_bytes < 0:
         raise ConfigError("mtp_layers, block_size and reserve_bytes must be >= 0",
                           field="mtp_layers/block_size/reserve_bytes", expected=">= 0")
-    if plan.sp and plan.tp > 1:
-        raise ConfigError("sequence parallelism is not modelled yet", field="sp",
-                          expected="sp=False")
     if precision is None:
         from perfcast.workload.quant import precision_for_model
 
@@ -74,7 +71,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
         if stage > 0:
             last = builder.collective(
                 f"pp.send_recv.stage{stage}", "send_recv", deps=(last,), stage=stage,
-                message_bytes=tokens * model.hidden_size * dtype_bytes(precision.activation),
+                message_bytes=(-(-tokens // plan.tp) if plan.sp else tokens)
+                * model.hidden_size * dtype_bytes(precision.activation),
                 participants=2, devices=plan.devices_per_stage)
         last = family(builder, (first, end), (last,), stage)
     logits_tokens = local.num_requests if logits == "last" else tokens

@@ -37,6 +37,14 @@ GROUPED_GEMM_OPERATORS: dict[str, str] = {
 }
 
 
+# Attention operator when attention math is quantised (int8/fp8 Q, K, V).
+QUANT_ATTENTION_OPERATORS: dict[str, str] = {
+    "tensor_cast.attention.default": "tensor_cast.attention_quant.default",
+    "tensor_cast.multihead_latent_attention.default":
+        "tensor_cast.multihead_latent_attention_quant.default",
+}
+
+
 @dataclass(frozen=True)
 class Precision(Record):
     """Datatypes of one deployment. `weight` is every linear's default weight dtype and
@@ -316,6 +324,8 @@ class GraphBuilder:
         extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
+        if DType(a_dt) in (DType.INT8, DType.FP8):
+            operator = QUANT_ATTENTION_OPERATORS.get(operator, operator)
         pairs = attended_pairs(q_tokens, context_tokens, window) * num_requests
         flops = 2.0 * q_heads * (qk_head_dim + v_head_dim) * pairs
         kv_len = context_tokens + q_tokens

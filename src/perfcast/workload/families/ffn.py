@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
-from perfcast.workload.families.common import check_divisible, tp_all_reduce
+from perfcast.workload.families.common import (
+    check_divisible,
+    norm_rows,
+    sequence_parallel,
+    tp_all_reduce,
+)
 from perfcast.workload.families.traits import ArchTraits, MoeSpec
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.tensors import TensorSpec
@@ -142,19 +147,22 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
         last = b.collective("moe.combine_reduce_scatter", "reduce_scatter", layers=layers,
                             deps=(last,), stage=stage, participants=devices,
                             message_bytes=t_all * h * act_b)
-    if mode in ("all_gather", "all_to_all") and tp > 1:
+    # under sequence parallelism the dp modes already leave each TP rank its token slice
+    sliced = sequence_parallel(b) and mode in ("all_gather", "all_to_all")
+    if mode in ("all_gather", "all_to_all") and tp > 1 and not sliced:
         last = b.collective("moe.tp_all_gather", "all_gather", layers=layers, deps=(last,),
                             stage=stage, participants=tp, message_bytes=t_rank * h * act_b)
     if shared is not None:
         # routed + shared output; under all_reduce dispatch both are TP partial sums
+        rows, replicas = norm_rows(b, t_rank) if sliced else (t_rank, tp)
         last = b.elementwise(
             "moe.add_shared", "aten.add.Tensor", "add",
-            inputs=(TensorSpec((t_rank, h), act), TensorSpec((t_rank, h), act)),
-            outputs=(TensorSpec((t_rank, h), act),), flops=t_rank * h, layers=layers,
-            deps=(last, shared), stage=stage, replicas=tp)
+            inputs=(TensorSpec((rows, h), act), TensorSpec((rows, h), act)),
+            outputs=(TensorSpec((rows, h), act),), flops=rows * h, layers=layers,
+            deps=(last, shared), stage=stage, replicas=replicas)
     if mode == "all_reduce":
-        last = b.collective("moe.all_reduce", "all_reduce", layers=layers, deps=(last,),
-                            stage=stage, participants=tp, message_bytes=t_rank * h * act_b)
+        last = tp_all_reduce(b, "moe.all_reduce", t_rank, h, tp, layers=layers, deps=(last,),
+                             stage=stage)
     return last
 
 
