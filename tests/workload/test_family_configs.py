@@ -107,3 +107,30 @@ def test_cli_rejects_dtype_with_quant_flags_and_bad_actions():
     r = runner.invoke(app, ["estimate", "mistralai/Mixtral-8x7B-v0.1", "--tp-size", "2",
                             "--ep-size", "3"])
     assert r.exit_code != 0 and "ep_size" in r.output
+
+
+@pytest.mark.parametrize("model_id", [m for m in __import__(
+    "perfcast.workload", fromlist=["builtin_models"]).builtin_models()])
+def test_every_builtin_model_builds_on_common_layouts(model_id):
+    m = load_model_spec(model_id)
+    single = build_task_graph(m, ParallelPlan(), Batch.decode(16, 512))
+    assert single.param_count() > 0 and single.memory.kv_cache > 0
+    tp = 8 if m.num_heads % 8 == 0 and m.num_kv_heads % 8 == 0 else 1
+    g = build_task_graph(m, ParallelPlan(tp=tp), Batch.prefill(2, 256))
+    assert g.param_count() == pytest.approx(single.param_count(), rel=1e-9)
+
+
+def test_hf_quant_config_is_read_beside_a_config_folder(tmp_path):
+    from perfcast.workload import builtin_models
+
+    src = load_model_spec("Qwen/Qwen3-8B")
+    (tmp_path / "config.json").write_text(json.dumps(dict(src.raw)), encoding="utf-8")
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
+                          "exclude_modules": ["lm_head"]}}), encoding="utf-8")
+    g = build_task_graph(load_model_spec(tmp_path), ParallelPlan(), Batch.decode(1, 10))
+    assert (g.precision.weight, g.precision.kv_cache) == ("fp8", "fp8")
+    (tmp_path / "hf_quant_config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ConfigError, match="hf_quant_config.json"):
+        load_model_spec(tmp_path)
+    assert not [m for m in builtin_models() if "quant_config" in m]

@@ -96,6 +96,9 @@ def estimate_command(
                                                              "for prefill) | naive | absorbed")] = "auto",
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens "
                                                                  "(0: no rounding)")] = 0,
+    reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
+                                                      help="framework reserve per device "
+                                                           "(workspace, graphs), GiB")] = 0.0,
     num_queries: Annotated[int, typer.Option("--num-queries", help="requests in the step")] = 1,
     query_length: Annotated[int, typer.Option("--query-length", help="new tokens per request")] = 1024,
     context_length: Annotated[int, typer.Option("--context-length", help="tokens already cached per request")] = 0,
@@ -134,7 +137,8 @@ def estimate_command(
         request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch,
                                   precision=precision, logits=logits, roofline_mode=roofline_mode,
                                   mtp_layers=mtp_layers, mla_form=mla_form,
-                                  block_size=block_size)
+                                  block_size=block_size,
+                                  reserve_bytes=reserved_memory_gb * 2**30)
         result = estimate_step(request)
         if chrome_trace:
             from perfcast.report.chrome_trace import write_chrome_trace

@@ -64,10 +64,10 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
     mem = g.memory
     cap = result.system.device.memory.capacity_bytes
     mt = Table(title="memory per device (most loaded)")
-    for col in ("weights", "KV cache", "activations", "total", "capacity"):
+    for col in ("weights", "KV cache", "activations", "reserve", "total", "capacity"):
         mt.add_column(col, justify="right")
     mt.add_row(fmt_bytes(mem.weights), fmt_bytes(mem.kv_cache), fmt_bytes(mem.activations),
-               fmt_bytes(mem.total), fmt_bytes(cap))
+               fmt_bytes(mem.reserve), fmt_bytes(mem.total), fmt_bytes(cap))
     console.print(mt)
     if mem.total > cap:
         console.print(f"[bold red]WARNING: does not fit: needs {fmt_bytes(mem.total)} per device, "

@@ -423,8 +423,9 @@ class GraphBuilder:
     def moe_experts(self, group: str, *, pairs: float, hidden: int, inter_local: int,
                     local_experts: int, active_local_experts: float, weight_shards: int,
                     active_weight_params: float, gated: bool = True, bias: bool = False,
-                    layers=None, deps=(), stage: int = 0, devices: int | None = None,
-                    axes: dict | None = None, extra: dict | None = None) -> str:
+                    moe_tp: int = 1, layers=None, deps=(), stage: int = 0,
+                    devices: int | None = None, axes: dict | None = None,
+                    extra: dict | None = None) -> str:
         """The routed-expert FFN of one MoE layer on one device, as one fused task:
         grouped gate/up GEMM, activation, grouped down GEMM over `pairs` routed
         (token, expert) rows (fractional: an expected value under the routing model).
@@ -432,7 +433,9 @@ class GraphBuilder:
         FLOPs: 2*pairs*hidden*up_n + 2*pairs*inter*hidden + 5*pairs*inter (up_n = 2*inter
         when gated). Bytes: routed rows in, the weights of the `active_local_experts` that
         receive at least one row (plus their scales), the intermediate tensors written and
-        read back, rows out. Resident weights: all `local_experts`."""
+        read back, rows out. Resident weights: all `local_experts`. With `bias`, the
+        gate/up bias is split like its weight and the down bias is held whole by each of
+        the `moe_tp` ranks (counted once in `weight_params`)."""
         w_dt, a_dt = self.precision.linear(group)
         o_dt = self.precision.activation
         up_n = (2 if gated else 1) * inter_local
@@ -449,7 +452,8 @@ class GraphBuilder:
         rows = max(1, math.ceil(pairs))
         attrs: dict[str, Any] = {
             "weight_dtype": DType(w_dt).value, "act_dtype": DType(a_dt).value,
-            "weight_params": resident + local_experts * bias_elems,
+            "weight_params": resident + local_experts * (
+                (up_n + hidden / moe_tp) if bias else 0),
             "weight_shards": weight_shards, "active_weight_params": active_weight_params,
             "weight_bytes": resident * w_b + _scale_bytes(w_dt, resident)
             + local_experts * bias_elems * o_b,

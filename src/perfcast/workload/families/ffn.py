@@ -124,7 +124,8 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
     experts = b.moe_experts(
         "moe.experts", pairs=pairs, hidden=h, inter_local=inter_l, local_experts=local_experts,
         active_local_experts=active, weight_shards=shards,
-        active_weight_params=k * per_expert / shards, bias=traits.expert_bias, layers=layers,
+        active_weight_params=k * per_expert / shards, bias=traits.expert_bias,
+        moe_tp=moe_tp, layers=layers,
         deps=(last,), stage=stage, axes=moe_axes)
     last = experts
     if mode == "all_to_all":
