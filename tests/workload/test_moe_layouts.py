@@ -176,3 +176,13 @@ def test_sequence_parallel_norms_and_collectives():
     assert rs.work.message_bytes == ag.work.message_bytes == 1024 * 4096 * 2
     plain = graph("meta-llama/Llama-3.1-8B", ParallelPlan(tp=4), Batch.prefill(2, 512))
     assert task(plain, "L0-31.attn.input_norm").attributes["replicas"] == 4
+
+
+def test_uneven_dp_split_keeps_the_true_moe_token_count():
+    # one long prefill on 8 attention-DP ranks: the busiest rank holds the request,
+    # the experts still see 4096 tokens in total, not 8 x 4096
+    g = graph("Qwen/Qwen3-235B-A22B", ParallelPlan(dp=8, ep=8), Batch.prefill(1, 4096))
+    ex = task(g, "L0-93.moe.experts")
+    assert ex.work.axes["num_tokens"] == 4096
+    assert ex.attributes["routed_rows"] == 4096 * 8 / 8
+    assert task(g, "L0-93.attn.core").work.axes["batch"] == 1

@@ -76,8 +76,9 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
                           field="moe_dispatch", expected="all_to_all or all_gather with dp > 1")
     act = b.precision.activation
     act_b = dtype_bytes(act)
-    t_rank = b.local_batch.tokens          # tokens of one DP rank, on each of its tp devices
-    t_all = t_rank * dp                    # tokens entering this MoE layer over the stage
+    t_rank = b.local_batch.tokens          # tokens of the busiest DP rank, on each of its tp
+    t_all = b.batch.tokens                 # tokens entering this MoE layer over the stage
+    t_pad = t_rank * dp                    # equal-size collective buffers over the DP ranks
     pairs = t_all * k / ep * plan.expert_imbalance   # routed rows on the busiest EP rank
     active = local_experts * (1.0 - (1.0 - k / e) ** t_all)
     moe_axes = {"num_tokens": t_all, "hidden": h, "inter": spec.inter, "topk": k,
@@ -101,13 +102,13 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
         t_src = t_rank / tp
         src_rows = t_src * k
     else:
-        t_src = t_rank if mode != "all_gather" else t_all
+        t_src = t_rank if mode != "all_gather" else t_pad
         src_rows = pairs
     last = gate
     if mode == "all_gather":
         last = b.collective("moe.dispatch_all_gather", "all_gather", layers=layers,
                             deps=(last,), stage=stage, participants=dp,
-                            message_bytes=t_all * h * act_b)
+                            message_bytes=t_pad * h * act_b)
     permute = b.elementwise(
         "moe.permute", "tensor_cast.init_routing_v2.default", "moe_permute",
         inputs=(TensorSpec((_ceil(t_src), h), act), TensorSpec((_ceil(t_src), k), "int32")),
@@ -147,7 +148,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
     if mode == "all_gather":
         last = b.collective("moe.combine_reduce_scatter", "reduce_scatter", layers=layers,
                             deps=(last,), stage=stage, participants=devices,
-                            message_bytes=t_all * h * act_b)
+                            message_bytes=t_pad * h * act_b)
     # under sequence parallelism the dp modes already leave each TP rank its token slice
     sliced = sequence_parallel(b) and mode in ("all_gather", "all_to_all")
     if mode in ("all_gather", "all_to_all") and tp > 1 and not sliced:
