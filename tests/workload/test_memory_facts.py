@@ -87,3 +87,19 @@ def test_quantised_kv_halves_the_cache():
     bf16 = graph("meta-llama/Llama-3.1-8B").memory.kv_cache
     fp8 = graph("meta-llama/Llama-3.1-8B", precision=Precision(kv_cache="fp8")).memory.kv_cache
     assert fp8 == bf16 / 2
+
+
+def test_recurrent_state_adds_fixed_bytes_per_request():
+    from perfcast.workload import GraphBuilder, TensorSpec
+    from perfcast.workload.build import memory_facts
+
+    b = GraphBuilder(load_model_spec("meta-llama/Llama-3.1-8B"), ParallelPlan(),
+                     Batch.decode(4, 100), Precision())
+    x = TensorSpec((4, 16), "bf16")
+    b.elementwise("ssm.scan", "tensor_cast.scan.default", "scan", inputs=(x,), outputs=(x,),
+                  flops=1, layers=(0, 9), extra={"state_bytes_per_request": 1000.0,
+                                                 "requests": 4})
+    mem = memory_facts(b.tasks, b.plan)
+    assert mem.kv_cache == 4 * 1000.0 * 10
+    assert mem.state_bytes_per_request == 10 * 1000.0
+    assert mem.kv_bytes_per_request(50) == 10 * 1000.0

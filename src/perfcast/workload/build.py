@@ -101,10 +101,9 @@ def _activation_bytes(t: Task) -> float:
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
     out = sum(x.nbytes for x in t.outputs)
-    ins = t.inputs
-    if t.operation != "gemm" or "weight_params" in t.attributes:
-        if t.operation in ("gemm", "moe_gemm", "attention", "mla_attention"):
-            ins = t.inputs[:1]  # the rest are weights or the KV cache
+    rest_is_weight_or_cache = (t.operation in ("moe_gemm", "attention", "mla_attention")
+                               or (t.operation == "gemm" and "weight_params" in t.attributes))
+    ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
     return out + sum(x.nbytes for x in ins)
 
 
@@ -112,13 +111,16 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
                  reserve_bytes: float = 0.0, residual_bytes: float = 0.0) -> MemoryFacts:
     """Per-device bytes on the most loaded pipeline stage, read off the tasks:
     weights from `weight_bytes` (once per layer), KV cache from each attention task's
-    `kv_cache_bytes_per_token` over its requests' cached tokens (window-capped), and the
+    `kv_cache_bytes_per_token` over its requests' cached tokens (window-capped) plus any
+    task's fixed `state_bytes_per_request` (recurrent state; requests from the
+    `requests` attribute or the `batch` axis), and the
     activation peak as the largest op's live tensors plus the residual stream."""
     pp = plan.pp
     weights = [0.0] * pp
     kv = [0.0] * pp
     act = [0.0] * pp
     per_token: list[dict[int, float]] = [{} for _ in range(pp)]
+    state_per_request = [0.0] * pp
     seen_runs: set[tuple] = set()
     for t in tasks:
         a = t.attributes
@@ -127,6 +129,14 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
             wb = float(a["tied_weight_bytes"])  # the last stage holds its own copy
         weights[t.stage] += wb * int(a.get("layer_count", t.count))
         act[t.stage] = max(act[t.stage], _activation_bytes(t))
+        state = a.get("state_bytes_per_request")
+        if state is not None:  # fixed-size per-request state (e.g. recurrent layers)
+            requests = int(a.get("requests", t.work.axes.get("batch", 0)))
+            kv[t.stage] += requests * float(state) * t.count
+            run = (t.layers, t.stage, t.lineage.split(".", 1)[0], "state")
+            if run not in seen_runs:
+                seen_runs.add(run)
+                state_per_request[t.stage] += float(state) * t.count
         per_tok = a.get("kv_cache_bytes_per_token")
         if per_tok is None:
             continue
@@ -148,4 +158,5 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
     return MemoryFacts(weights=weights[s], kv_cache=kv[s], activations=act[s] + residual_bytes,
                        reserve=reserve_bytes,
                        kv_bytes_per_token=tuple(sorted(per_token[s].items())),
-                       dp_ranks=plan.dp, block_size=block_size)
+                       dp_ranks=plan.dp, block_size=block_size,
+                       state_bytes_per_request=state_per_request[s])

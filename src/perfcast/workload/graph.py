@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfcast.core.canonical import Record
@@ -92,7 +92,9 @@ class MemoryFacts(Record):
       request adds on this device, summed over the layers with that window;
     * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests;
     * `activations_per_token`: `activations` / the step's tokens per device, so that
-      `max_batch_for` can scale the activation peak with the batch.
+      `max_batch_for` can scale the activation peak with the batch;
+    * `state_bytes_per_request`: fixed per-request cache (recurrent-layer state) that
+      families declare with a task attribute of the same name.
     """
 
     weights: float
@@ -103,6 +105,7 @@ class MemoryFacts(Record):
     dp_ranks: int = 1
     block_size: int = 0
     activations_per_token: float = 0.0
+    state_bytes_per_request: float = 0.0
 
     @property
     def total(self) -> float:
@@ -110,7 +113,7 @@ class MemoryFacts(Record):
 
     def kv_bytes_per_request(self, context_tokens: int) -> float:
         """Cache bytes one request of `context_tokens` tokens occupies on this device."""
-        total = 0.0
+        total = self.state_bytes_per_request
         for window, per_token in self.kv_bytes_per_token:
             tokens = min(context_tokens, window) if window else context_tokens
             if self.block_size:
@@ -239,6 +242,10 @@ class GraphBuilder:
     def _add(self, task: Task) -> str:
         if task.lineage in self._lineages:
             raise ValueError(f"duplicate lineage id {task.lineage}")
+        prefix = task.lineage.split(".", 1)[0]
+        if task.layers and ":" in prefix:  # strided run: `layers` spans, `count` repeats
+            task = replace(task, attributes=task.attributes.replace(
+                layer_step=int(prefix.rsplit(":", 1)[1])))
         self._lineages.add(task.lineage)
         self.tasks.append(task)
         return task.lineage
