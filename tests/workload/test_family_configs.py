@@ -134,3 +134,23 @@ def test_hf_quant_config_is_read_beside_a_config_folder(tmp_path):
     with pytest.raises(ConfigError, match="hf_quant_config.json"):
         load_model_spec(tmp_path)
     assert not [m for m in builtin_models() if "quant_config" in m]
+
+
+def test_qwen2_moe_shared_expert_with_gate():
+    # fields of the published Qwen1.5-MoE-A2.7B config (14.3B total, 2.7B activated)
+    from perfcast.workload import model_spec_from_config
+
+    cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+           "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+           "shared_expert_intermediate_size": 5632, "num_experts": 60,
+           "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "vocab_size": 151936, "decoder_sparse_step": 1,
+           "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    m = model_spec_from_config(cfg, name="qwen1.5-moe-a2.7b")
+    g = build_task_graph(m, ParallelPlan(tp=2), Batch.decode(4, 100))
+    assert g.param_count() == pytest.approx(14.3e9, rel=0.01)
+    assert g.param_count(active=True) == pytest.approx(2.7e9, rel=0.01)
+    gate = next(t for t in g.tasks if t.group == "moe.shared_experts.gate")
+    assert gate.work.axes["n"] == 1
+    up = next(t for t in g.tasks if t.group == "moe.shared_experts.gate_up_proj")
+    assert up.work.axes["n"] == 2 * 5632 // 2
