@@ -201,6 +201,7 @@ def match_inputs(kernel_type: str, inputs: Sequence[TensorIn], row: KernelRow,
     if len(normalized) != len(shapes):
         return None
     best = "identity"
+    padded = False
     for i, (tc_shape, tc_dtype) in enumerate(normalized):
         if not _dtype_ok(rule, tc_dtype, dtypes[i]):
             return None
@@ -210,6 +211,7 @@ def match_inputs(kernel_type: str, inputs: Sequence[TensorIn], row: KernelRow,
         name = _one_input(rule, i, tc_shape, csv_shape)
         if name is None:
             return None
+        padded |= name.endswith("padding")
         if _RANK[name] > _RANK[best]:
             best = name
-    return best
+    return best + "+padding" if padded and not best.endswith("padding") else best

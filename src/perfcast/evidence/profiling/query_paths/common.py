@@ -47,7 +47,9 @@ Checker = Callable[[KernelTable, KernelRow], Candidate | None]
 def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Checker, *,
                    nearest: bool = False, communication: bool = False
                    ) -> Candidate | LookupMiss:
-    """First matching row in kernel priority order (or the nearest over all kernels).
+    """The best matching row in kernel priority order: within one kernel's CSV, the first
+    row at distance 0 (an exact rule), else its nearest; with `nearest`, the nearest row
+    over all kernels.
 
     Misses with `csv_not_found` when none of the kernels has a CSV, else `shape_mismatch`
     (callers refine the reason)."""
@@ -62,10 +64,12 @@ def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Che
             cand = checker(table, row)
             if cand is None:
                 continue
-            if not nearest:
-                return cand
             if best is None or cand.distance < best.distance:
                 best = cand
+            if not nearest and best.distance == 0:
+                return best
+        if not nearest and best is not None:
+            return best
     if best is not None:
         return best
     if not loaded:

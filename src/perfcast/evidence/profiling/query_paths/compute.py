@@ -33,7 +33,8 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
         rule = match_inputs(table.kernel_type, inputs, row, tc_input_count)
         if rule is None:
             return None
-        return Candidate(row.latency_us, table.kernel_type, table, row, rule=rule)
+        return Candidate(row.latency_us, table.kernel_type, table, row, rule=rule,
+                         distance=1.0 if "padding" in rule else 0.0)
 
     found = find_candidate(ctx, kernel_types, checker)
     if isinstance(found, Candidate) or found.reason != "shape_mismatch":
