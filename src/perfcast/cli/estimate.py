@@ -61,6 +61,15 @@ def estimate_command(
     dump_input_shapes: Annotated[bool, typer.Option("--dump-input-shapes",
                                                     help="group the table by operator and input shape")] = False,
     attempts: Annotated[bool, typer.Option("--attempts", help="include resolver attempts in JSON")] = False,
+    num_microbatches: Annotated[int, typer.Option("--num-microbatches",
+                                                  help="split the step's requests into this many "
+                                                       "pipeline microbatches")] = 1,
+    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="gpipe | 1f1b")] = "gpipe",
+    overlap: Annotated[str, typer.Option("--overlap", help="none | comm | two-microbatch")] = "comm",
+    full_timeline: Annotated[bool, typer.Option("--full-timeline",
+                                                help="schedule every layer (default: one "
+                                                     "representative layer per stage, scaled; "
+                                                     "implied by --chrome-trace)")] = False,
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
     with user_errors():
@@ -69,7 +78,10 @@ def estimate_command(
         precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value) if dtype else None
         request = EstimateRequest(model=model, device=device,
                                   plan=ParallelPlan(tp=tp_size, pp=pp_size), batch=batch,
-                                  precision=precision, logits=logits, roofline_mode=roofline_mode)
+                                  precision=precision, logits=logits, roofline_mode=roofline_mode,
+                                  num_microbatches=num_microbatches, pp_schedule=pp_schedule,
+                                  overlap=overlap,
+                                  full_timeline=full_timeline or chrome_trace is not None)
         result = estimate_step(request)
         if chrome_trace:
             from perfcast.report.chrome_trace import write_chrome_trace
