@@ -1,0 +1,145 @@
+"""Hand-checkable schedules: chains, overlap, dependency-blocked overlap, link sharing."""
+
+import pytest
+
+from perfcast.plan import PlanOptions, Problem, schedule_plan, simulate
+from tests.plan.handgraphs import MS, SYSTEM, graph, task
+
+
+def plan(*tasks, overlap="comm", **kw):
+    return schedule_plan([graph(*tasks)], SYSTEM, PlanOptions(overlap=overlap, **kw))
+
+
+def by_lineage(tl):
+    return {t.lineage: t for t in tl.tasks}
+
+
+def test_chain_equals_sum():
+    tl = plan(task("a", 1 * MS), task("b", 2 * MS, ["a"]), task("c", 3 * MS, ["b"]))
+    assert tl.makespan_s == pytest.approx(6 * MS)
+    assert tl.sum_of_tasks_s == pytest.approx(6 * MS)
+    assert tl.critical_path_ids() == ["a", "b", "c"]
+    t = by_lineage(tl)
+    assert (t["b"].start_s, t["c"].start_s) == pytest.approx((1 * MS, 3 * MS))
+
+
+def test_independent_tasks_on_different_streams_overlap_to_the_max():
+    tl = plan(task("gemm", 3 * MS), task("ar", 2 * MS, comm=True))
+    assert tl.makespan_s == pytest.approx(3 * MS)
+    assert tl.sum_of_tasks_s == pytest.approx(5 * MS)
+    t = by_lineage(tl)
+    assert t["gemm"].stream == "compute" and t["ar"].stream == "comm.nvlink"
+    assert t["ar"].start_s == 0.0
+    assert tl.exposed_comm_s == 0.0
+
+
+def test_same_tasks_without_overlap_serialise():
+    tl = plan(task("gemm", 3 * MS), task("ar", 2 * MS, comm=True), overlap="none")
+    assert tl.makespan_s == pytest.approx(5 * MS)
+    assert {t.stream for t in tl.tasks} == {"compute"}
+
+
+def test_comm_that_the_next_gemm_consumes_cannot_overlap():
+    dependent = plan(task("g1", 2 * MS), task("ar", 1 * MS, ["g1"], comm=True),
+                     task("g2", 2 * MS, ["ar"]))
+    assert dependent.makespan_s == pytest.approx(5 * MS)
+    assert dependent.exposed_comm_s == pytest.approx(1 * MS)
+    assert dependent.critical_path_ids() == ["g1", "ar", "g2"]
+    # the same all-reduce with a GEMM that does not consume it: hidden under g2
+    independent = plan(task("g1", 2 * MS), task("ar", 1 * MS, ["g1"], comm=True),
+                       task("g2", 2 * MS, ["g1"]))
+    assert independent.makespan_s == pytest.approx(4 * MS)
+    assert independent.exposed_comm_s == 0.0
+
+
+def test_two_transfers_sharing_a_link_take_twice_as_long():
+    tl = plan(task("x", 1 * MS, comm=True, stream="s1", bandwidth_s=1 * MS),
+              task("y", 1 * MS, comm=True, stream="s2", bandwidth_s=1 * MS))
+    t = by_lineage(tl)
+    assert t["x"].end_s == pytest.approx(2 * MS) and t["y"].end_s == pytest.approx(2 * MS)
+    assert t["x"].uncontended_s == pytest.approx(1 * MS)
+    # different tiers (8 -> nvlink, 16 -> infiniband) are different links: no sharing
+    apart = plan(task("x", 1 * MS, comm=True, participants=8),
+                 task("y", 1 * MS, comm=True, participants=16))
+    assert apart.makespan_s == pytest.approx(1 * MS)
+    assert {t.stream for t in apart.tasks} == {"comm.nvlink", "comm.infiniband"}
+
+
+def test_only_the_bandwidth_part_is_shared():
+    # 0.5 ms latency + 0.5 ms bandwidth each: 0.5 + 2 * 0.5 = 1.5 ms together
+    tl = plan(task("x", 1 * MS, comm=True, stream="s1", bandwidth_s=0.5 * MS),
+              task("y", 1 * MS, comm=True, stream="s2", bandwidth_s=0.5 * MS))
+    assert tl.makespan_s == pytest.approx(1.5 * MS)
+
+
+def test_staggered_transfers_share_while_they_overlap():
+    # x alone 0..0.5 (half done), then shares with y at half rate until 1.5 (x done);
+    # y did 0.5 by then and finishes alone at 2.0
+    tl = plan(task("x", 1 * MS, comm=True, stream="s1", bandwidth_s=1 * MS),
+              task("pre", 0.5 * MS),
+              task("y", 1 * MS, ["pre"], comm=True, stream="s2", bandwidth_s=1 * MS))
+    t = by_lineage(tl)
+    assert t["x"].end_s == pytest.approx(1.5 * MS)
+    assert (t["y"].start_s, t["y"].end_s) == pytest.approx((0.5 * MS, 2.0 * MS))
+
+
+def test_a_stream_runs_one_task_at_a_time_in_priority_order():
+    p = Problem()
+    a = p.add(1.0, 0, priority=1)
+    b = p.add(1.0, 0, priority=0)
+    s = simulate(p)
+    assert (s.start_s[b], s.start_s[a]) == (0.0, 1.0)
+    assert s.gate[a] == b  # released by the stream, not by a dependency
+
+
+def test_dependency_cycle_is_reported():
+    p = Problem()
+    p.add(1.0, 0, priority=0, preds=[1])
+    p.add(1.0, 0, priority=1, preds=[0])
+    with pytest.raises(ValueError, match="never became ready"):
+        simulate(p)
+
+
+def test_full_expansion_names_each_layer_and_keeps_the_chain():
+    tasks = (task("embed", 1 * MS),
+             task("L0-3.mlp.up", 2 * MS, ["embed"], layers=(0, 3)),
+             task("L0-3.mlp.ar", 1 * MS, ["L0-3.mlp.up"], layers=(0, 3), comm=True),
+             task("head", 1 * MS, ["L0-3.mlp.ar"]))
+    compressed = plan(*tasks)
+    full = plan(*tasks, full_timeline=True)
+    assert compressed.makespan_s == pytest.approx(14 * MS)
+    assert full.makespan_s == pytest.approx(14 * MS)
+    assert [t.lineage for t in full.tasks] == (
+        ["embed"] + [f"L{n}.mlp.{g}" for n in range(4) for g in ("up", "ar")] + ["head"])
+    t = by_lineage(full)
+    assert t["L1.mlp.up"].start_s == pytest.approx(t["L0.mlp.ar"].end_s)
+    assert [x.lineage for x in compressed.tasks] == ["embed", "L0-3.mlp.up", "L0-3.mlp.ar",
+                                                    "head"]
+    assert by_lineage(compressed)["L0-3.mlp.up"].calls == 4
+
+
+def test_two_microbatch_halves_interleave_compute_and_comm():
+    unit = graph(task("g1", 2 * MS), task("ar1", 1 * MS, ["g1"], comm=True),
+                 task("g2", 2 * MS, ["ar1"]), task("ar2", 1 * MS, ["g2"], comm=True))
+    tl = schedule_plan([unit, unit], SYSTEM, PlanOptions(overlap="two-microbatch"))
+    # A.g1 0-2 | A.ar1 2-3 under B.g1 2-4 | A.g2 4-6 over B.ar1 4-5 | B.g2 6-8 over A.ar2
+    # 6-7 | B.ar2 8-9
+    assert tl.makespan_s == pytest.approx(9 * MS)
+    assert tl.sum_of_tasks_s == pytest.approx(12 * MS)
+    starts = {(t.unit, t.lineage): t.start_s for t in tl.tasks}
+    assert starts[(1, "g1")] == pytest.approx(2 * MS)
+    assert starts[(0, "g2")] == pytest.approx(4 * MS)
+    assert starts[(1, "ar2")] == pytest.approx(8 * MS)
+    assert tl.critical_path_ids()[-1] == "ar2@mb1"
+
+
+def test_compressed_mode_scales_the_layer_and_misses_per_layer_interleaving():
+    block = graph(task("L0-1.g", 2 * MS, layers=(0, 1)),
+                  task("L0-1.ar", 1 * MS, ["L0-1.g"], layers=(0, 1), comm=True))
+    opts = dict(overlap="two-microbatch")
+    full = schedule_plan([block, block], SYSTEM, PlanOptions(full_timeline=True, **opts))
+    compressed = schedule_plan([block, block], SYSTEM, PlanOptions(**opts))
+    # full: layers interleave as in the test above -> 9 ms; compressed: A.g 0-4,
+    # A.ar 4-6 under B.g 4-8, B.ar 8-10 -> 10 ms (the drain is scaled by the layers)
+    assert full.makespan_s == pytest.approx(9 * MS)
+    assert compressed.makespan_s == pytest.approx(10 * MS)
