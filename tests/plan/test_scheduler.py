@@ -102,20 +102,29 @@ def test_dependency_cycle_is_reported():
 
 def test_full_expansion_names_each_layer_and_keeps_the_chain():
     tasks = (task("embed", 1 * MS),
-             task("L0-3.mlp.up", 2 * MS, ["embed"], layers=(0, 3)),
-             task("L0-3.mlp.ar", 1 * MS, ["L0-3.mlp.up"], layers=(0, 3), comm=True),
-             task("head", 1 * MS, ["L0-3.mlp.ar"]))
+             task("L0-9.mlp.up", 2 * MS, ["embed"], layers=(0, 9)),
+             task("L0-9.mlp.ar", 1 * MS, ["L0-9.mlp.up"], layers=(0, 9), comm=True),
+             task("head", 1 * MS, ["L0-9.mlp.ar"]))
     compressed = plan(*tasks)
     full = plan(*tasks, full_timeline=True)
-    assert compressed.makespan_s == pytest.approx(14 * MS)
-    assert full.makespan_s == pytest.approx(14 * MS)
+    assert full.makespan_s == pytest.approx(32 * MS)  # 1 + 10 * (2 + 1) + 1
+    assert compressed.makespan_s == pytest.approx(32 * MS)
     assert [t.lineage for t in full.tasks] == (
-        ["embed"] + [f"L{n}.mlp.{g}" for n in range(4) for g in ("up", "ar")] + ["head"])
+        ["embed"] + [f"L{n}.mlp.{g}" for n in range(10) for g in ("up", "ar")] + ["head"])
     t = by_lineage(full)
     assert t["L1.mlp.up"].start_s == pytest.approx(t["L0.mlp.ar"].end_s)
-    assert [x.lineage for x in compressed.tasks] == ["embed", "L0-3.mlp.up", "L0-3.mlp.ar",
-                                                    "head"]
-    assert by_lineage(compressed)["L0-3.mlp.up"].calls == 4
+    assert t["L1.mlp.up"].calls == 1
+    # compressed: four representative layers, extrapolated to ten
+    assert [x.lineage for x in compressed.tasks] == (
+        ["embed"] + [f"L{n}.mlp.{g}" for n in range(4) for g in ("up", "ar")] + ["head"])
+    assert compressed.represented_layers == 10
+    assert compressed.sum_of_tasks_s == full.sum_of_tasks_s == pytest.approx(32 * MS)
+
+
+def test_short_blocks_are_always_expanded():
+    tasks = (task("L0-3.g", 2 * MS, layers=(0, 3)),)
+    assert len(plan(*tasks).tasks) == 4
+    assert plan(*tasks).makespan_s == pytest.approx(8 * MS)
 
 
 def test_two_microbatch_halves_interleave_compute_and_comm():
@@ -133,13 +142,29 @@ def test_two_microbatch_halves_interleave_compute_and_comm():
     assert tl.critical_path_ids()[-1] == "ar2@mb1"
 
 
-def test_compressed_mode_scales_the_layer_and_misses_per_layer_interleaving():
-    block = graph(task("L0-1.g", 2 * MS, layers=(0, 1)),
-                  task("L0-1.ar", 1 * MS, ["L0-1.g"], layers=(0, 1), comm=True))
+@pytest.mark.parametrize("layers", [2, 4, 8, 33])
+def test_compressed_mode_extrapolates_the_per_layer_interleaving(layers):
+    last = layers - 1
+    block = graph(task(f"L0-{last}.g", 2 * MS, layers=(0, last)),
+                  task(f"L0-{last}.ar", 1 * MS, [f"L0-{last}.g"], layers=(0, last), comm=True))
     opts = dict(overlap="two-microbatch")
     full = schedule_plan([block, block], SYSTEM, PlanOptions(full_timeline=True, **opts))
     compressed = schedule_plan([block, block], SYSTEM, PlanOptions(**opts))
-    # full: layers interleave as in the test above -> 9 ms; compressed: A.g 0-4,
-    # A.ar 4-6 under B.g 4-8, B.ar 8-10 -> 10 ms (the drain is scaled by the layers)
-    assert full.makespan_s == pytest.approx(9 * MS)
-    assert compressed.makespan_s == pytest.approx(10 * MS)
+    # per layer the halves ping-pong as in the test above: 4 ms per layer + the last
+    # all-reduce (1 layer: 5 ms, 2 layers: 9 ms)
+    assert full.makespan_s == pytest.approx((4 * layers + 1) * MS)
+    assert compressed.makespan_s == pytest.approx((4 * layers + 1) * MS)
+    assert len(full.tasks) == 4 * layers
+    assert len(compressed.tasks) == 4 * (layers if layers <= 6 else 4)
+
+
+def test_uneven_stages_keep_their_extra_layer_in_compressed_mode():
+    unit = graph(task("L0-9.g", 1 * MS, layers=(0, 9)),
+                 task("L10-20.g", 1 * MS, ["L0-9.g"], layers=(10, 20), stage=1),
+                 task("head", 3 * MS, ["L10-20.g"], stage=1), pp=2)
+    # stage times 10 and 11 + 3 = 14 ms: 10 + 4 * 14
+    for full in (True, False):
+        tl = schedule_plan([unit] * 4, SYSTEM, PlanOptions(num_microbatches=4,
+                                                           full_timeline=full))
+        assert tl.makespan_s == pytest.approx(66 * MS)
+        assert tl.idle_s[1] == pytest.approx(66 * MS - 4 * 14 * MS)

@@ -3,10 +3,8 @@
 Full mode expands every repeated layer block into one instance per layer (lineage
 `L{n}.{group}`, the block's per-layer calls); inside a layer, deps are the block's own
 deps; the block's first tasks of layer n > first also wait for the last tasks of layer
-n - 1. Compressed mode keeps one instance per task whose duration is the per-call
-latency times `count`, i.e. one representative layer with every duration scaled by the
-number of layers: exact for chains and for overlap inside a layer, but overlap that
-crosses a layer boundary (one layer's comm under the next layer's compute) is not seen.
+n - 1. Compressed mode keeps the first one or two layers of each block as
+representatives (see `perfcast.plan.compose` for how they are scaled back up).
 
 Units are the microbatches (times two halves under two-microbatch overlap), each a
 copy of its costed graph. Across units, stage s starts unit j only after unit j - g has
@@ -49,7 +47,26 @@ class Template:
         return len(self.lineage)
 
 
-def build_template(costed: CostedGraph, resources: ResourceModel, *, full: bool) -> Template:
+def block_lengths(costed: CostedGraph) -> list[int]:
+    """Layers of each repeated block of the graph."""
+    return sorted({t.task.layers[1] - t.task.layers[0] + 1 for t in costed.tasks
+                   if t.task.layers is not None})
+
+
+# Compressed mode: a block of more than SHORT_BLOCK_LAYERS layers keeps `rep_layers`
+# representative layers (each standing for R / ref_layers of its layers) plus up to
+# EXTRA_LAYERS_CAP real layers for what it has beyond the shortest long block; shorter
+# blocks are always expanded.
+SHORT_BLOCK_LAYERS = 6
+EXTRA_LAYERS_CAP = 4
+
+
+def build_template(costed: CostedGraph, resources: ResourceModel, *,
+                   rep_layers: int | None = None, ref_layers: int = 1) -> Template:
+    """Instances of one unit. `rep_layers=None` expands every layer; otherwise each long
+    block of L layers becomes `rep_layers` representative layers scaled by
+    (L - e) / `ref_layers` followed by e = min(L - ref_layers, EXTRA_LAYERS_CAP) real
+    layers, so at rep_layers = ref_layers the block holds exactly L layers of work."""
     tasks = [ct.task for ct in costed.tasks]
     pos = {t.lineage: i for i, t in enumerate(tasks)}
     for t in tasks:
@@ -59,27 +76,25 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *, full: bool)
                                   field="deps", expected="a lineage id of the same graph")
     blocks: dict[tuple, list[int]] = {}
     for i, t in enumerate(tasks):
-        if t.layers is not None and full:
+        if t.layers is not None:
             blocks.setdefault((t.stage, t.layers), []).append(i)
     tpl = Template()
     index: dict[tuple[int, int | None], int] = {}  # (task index, layer) -> instance
-    emitted: set[tuple] = set()
+    last_layer: dict[tuple, int] = {}
 
-    def emit(i: int, layer: int | None, reps: int) -> None:
+    def emit(i: int, layer: int | None, reps: int, scale: float) -> None:
         ct = costed.tasks[i]
         t = ct.task
         place = resources.place(t)
-        per_call = ct.latency_s
-        calls = t.count // reps if layer is not None else t.count
-        duration = per_call * t.count / reps
+        duration = ct.latency_s * t.count / reps * scale
         shared = 0.0
         if place.link_tier and t.kind is TaskKind.COMMUNICATION:
             bw = ct.resolution.estimate.components.get("bandwidth_s")
-            shared = duration if bw is None else min(bw * t.count / reps, duration)
+            shared = duration if bw is None else min(bw * t.count / reps * scale, duration)
         index[(i, layer)] = len(tpl.lineage)
         tpl.lineage.append(t.lineage if layer is None else f"L{layer}.{t.group}")
         tpl.costed.append(ct)
-        tpl.calls.append(calls)
+        tpl.calls.append(t.count // reps)
         tpl.duration_s.append(duration)
         tpl.shared_s.append(shared)
         tpl.stage.append(t.stage)
@@ -89,15 +104,20 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *, full: bool)
     for i, t in enumerate(tasks):
         key = (t.stage, t.layers)
         if key in blocks:
-            if key in emitted:
+            if key in last_layer:
                 continue
-            emitted.add(key)
             first, last = t.layers
-            for layer in range(first, last + 1):
+            reps = last - first + 1
+            scales = [1.0] * reps
+            if rep_layers is not None and reps > SHORT_BLOCK_LAYERS:
+                extra = min(reps - ref_layers, EXTRA_LAYERS_CAP)
+                scales = [(reps - extra) / ref_layers] * rep_layers + [1.0] * extra
+            last_layer[key] = first + len(scales) - 1
+            for n, scale in enumerate(scales):
                 for j in blocks[key]:
-                    emit(j, layer, last - first + 1)
+                    emit(j, first + n, reps, scale)
         else:
-            emit(i, None, 1)
+            emit(i, None, 1, 1.0)
 
     block_of = {i: key for key, members in blocks.items() for i in members}
     block_sources: dict[tuple, list[int]] = {}
@@ -119,7 +139,7 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *, full: bool)
             if dkey is not None and dkey == own:
                 preds.append(index[(k, layer)])
             elif dkey is not None:
-                preds.append(index[(k, dkey[1][1])])  # the block's last layer
+                preds.append(index[(k, last_layer[dkey])])
             else:
                 preds.append(index[(k, None)])
         if own is not None and layer != own[1][0] and i in block_sources[own]:
@@ -159,7 +179,8 @@ class Expanded:
     streams: list[tuple[int, str]]  # stream id -> (stage, name)
 
 
-def expand_units(units: Sequence[CostedGraph], resources: ResourceModel, *, full: bool,
+def expand_units(units: Sequence[CostedGraph], resources: ResourceModel, *,
+                 rep_layers: int | None = None, ref_layers: int = 1,
                  per_stage_in_flight: int = 1, max_in_flight: int | None = None) -> Expanded:
     """Instances of every unit; unit j waits on stage s for unit j - per_stage_in_flight
     to leave s, and enters the first stage only after unit j - max_in_flight has exited."""
@@ -168,32 +189,37 @@ def expand_units(units: Sequence[CostedGraph], resources: ResourceModel, *, full
     for costed in units:
         key = id(costed)
         if key not in cache:
-            cache[key] = build_template(costed, resources, full=full)
+            cache[key] = build_template(costed, resources, rep_layers=rep_layers,
+                                        ref_layers=ref_layers)
         templates.append(cache[key])
     prob = Problem()
     stream_ids: dict[tuple[int, str], int] = {}
     link_ids: dict[tuple[int, str], int] = {}
+    ids_of: dict[int, tuple[list[int], list[int]]] = {}  # template -> (stream ids, link ids)
+    for tpl in templates:
+        if id(tpl) not in ids_of:
+            sids = [stream_ids.setdefault(k, len(stream_ids))
+                    for k in zip(tpl.stage, tpl.stream)]
+            lids = [link_ids.setdefault((st, tier), len(link_ids)) if tier else -1
+                    for st, tier in zip(tpl.stage, tpl.link_tier)]
+            ids_of[id(tpl)] = (sids, lids)
     unit_of: list[int] = []
     local_of: list[int] = []
     offsets: list[int] = []
     for u, tpl in enumerate(templates):
         off = len(prob.duration_s)
+        n = len(tpl)
         offsets.append(off)
+        sids, lids = ids_of[id(tpl)]
+        prob.duration_s.extend(tpl.duration_s)
+        prob.shared_s.extend(tpl.shared_s)
+        prob.stream.extend(sids)
+        prob.link.extend(lids)
         base = u * _PRIORITY_STRIDE
-        for i in range(len(tpl)):
-            skey = (tpl.stage[i], tpl.stream[i])
-            sid = stream_ids.setdefault(skey, len(stream_ids))
-            lid = -1
-            if tpl.link_tier[i]:
-                lid = link_ids.setdefault((tpl.stage[i], tpl.link_tier[i]), len(link_ids))
-            prob.duration_s.append(tpl.duration_s[i])
-            prob.shared_s.append(tpl.shared_s[i] if lid >= 0 else 0.0)
-            prob.stream.append(sid)
-            prob.link.append(lid)
-            prob.priority.append(base + i)
-            prob.preds.append([off + d for d in tpl.preds[i]])
-            unit_of.append(u)
-            local_of.append(i)
+        prob.priority.extend(range(base, base + n))
+        prob.preds.extend([off + d for d in ps] for ps in tpl.preds)
+        unit_of.extend([u] * n)
+        local_of.extend(range(n))
         g = per_stage_in_flight
         if u >= g:
             prev, poff = templates[u - g], offsets[u - g]
@@ -208,6 +234,17 @@ def expand_units(units: Sequence[CostedGraph], resources: ResourceModel, *, full
             for i in tpl.stage_sources[first_stage]:
                 prob.preds[off + i].extend(exits)
     prob.num_streams = len(stream_ids)
+    # a link used by one stream only never carries two transfers at once: drop it
+    streams_on: dict[int, set[int]] = {}
+    for lk, sid in zip(prob.link, prob.stream):
+        if lk >= 0:
+            streams_on.setdefault(lk, set()).add(sid)
+    shared_links = {lk for lk, sids in streams_on.items() if len(sids) > 1}
+    if len(shared_links) < len(streams_on):
+        renum = {lk: n for n, lk in enumerate(sorted(shared_links))}
+        prob.link = [renum.get(lk, -1) for lk in prob.link]
+        prob.shared_s = [x if lk >= 0 else 0.0 for x, lk in zip(prob.shared_s, prob.link)]
+        link_ids = {k: renum[v] for k, v in link_ids.items() if v in renum}
     prob.num_links = len(link_ids)
     streams = [k for k, _ in sorted(stream_ids.items(), key=lambda kv: kv[1])]
     return Expanded(problem=prob, templates=templates, unit_of=unit_of, local_of=local_of,

@@ -79,12 +79,11 @@ def simulate(p: Problem) -> Schedule:
     dur, shared, stream_of, link_of, prio = (p.duration_s, p.shared_s, p.stream, p.link,
                                             p.priority)
     succs: list[list[int]] = [[] for _ in range(n)]
-    waiting = [0] * n
+    waiting = [len(ps) for ps in p.preds]
     for i, ps in enumerate(p.preds):
-        waiting[i] = len(ps)
+        if ps and (min(ps) < 0 or max(ps) >= n):
+            raise ValueError(f"instance {i} depends on an unknown instance in {ps}")
         for d in ps:
-            if not 0 <= d < n:
-                raise ValueError(f"instance {i} depends on unknown instance {d}")
             succs[d].append(i)
     nan = float("nan")
     start = [nan] * n
@@ -92,22 +91,26 @@ def simulate(p: Problem) -> Schedule:
     gate = [-1] * n
     ready_at = [0.0] * n
     dep_gate = [-1] * n
-    busy = [False] * p.num_streams
-    last_on = [-1] * p.num_streams
-    free_at = [0.0] * p.num_streams
-    ready: list[list[tuple[int, int]]] = [[] for _ in range(p.num_streams)]
+    n_streams = p.num_streams
+    busy = [False] * n_streams
+    last_on = [-1] * n_streams
+    free_at = [0.0] * n_streams
+    ready: list[list[tuple[int, int]]] = [[] for _ in range(n_streams)]
     active: list[dict[int, float]] = [{} for _ in range(p.num_links)]
     link_t = [0.0] * p.num_links
     link_ver = [0] * p.num_links
     events: list[tuple[float, int, int, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
     seq = 0
     touched: set[int] = set()
+    finished: list[int] = []  # instances that end at the current time
     for i in range(n):
         if waiting[i] == 0:
-            heapq.heappush(ready[stream_of[i]], (prio[i], i))
+            push(ready[stream_of[i]], (prio[i], i))
             touched.add(stream_of[i])
 
-    def link_advance(lk: int, t: float) -> None:
+    def link_update(lk: int, t: float) -> None:
+        """Advance the link's transfers to t (each got 1/n of the bandwidth)."""
         act = active[lk]
         if act:
             dec = (t - link_t[lk]) / len(act)
@@ -115,30 +118,14 @@ def simulate(p: Problem) -> Schedule:
                 act[j] -= dec
         link_t[lk] = t
 
-    def link_reschedule(lk: int, t: float) -> None:
+    def link_next(lk: int, t: float) -> None:
         nonlocal seq
         link_ver[lk] += 1
         act = active[lk]
         if act:
             seq += 1
-            heapq.heappush(events, (t + max(min(act.values()), 0.0) * len(act), seq, _LINK_CHECK,
-                                    lk, link_ver[lk]))
-
-    def finish(i: int, t: float) -> None:
-        end[i] = t
-        s = stream_of[i]
-        busy[s] = False
-        last_on[s] = i
-        free_at[s] = t
-        touched.add(s)
-        for j in succs[i]:
-            if t >= ready_at[j]:
-                ready_at[j] = t
-                dep_gate[j] = i
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(ready[stream_of[j]], (prio[j], j))
-                touched.add(stream_of[j])
+            push(events, (t + max(min(act.values()), 0.0) * len(act), seq, _LINK_CHECK, lk,
+                          link_ver[lk]))
 
     t = 0.0
     done = 0
@@ -146,41 +133,55 @@ def simulate(p: Problem) -> Schedule:
         for s in touched:
             if busy[s] or not ready[s]:
                 continue
-            _, j = heapq.heappop(ready[s])
+            _, j = pop(ready[s])
             busy[s] = True
             start[j] = t
-            gate[j] = dep_gate[j] if (dep_gate[j] >= 0 and ready_at[j] >= free_at[s]) \
-                else last_on[s]
-            lk = link_of[j]
+            dg = dep_gate[j]
+            gate[j] = dg if (dg >= 0 and ready_at[j] >= free_at[s]) else last_on[s]
             seq += 1
-            if lk >= 0 and shared[j] > 0:
-                heapq.heappush(events, (t + dur[j] - shared[j], seq, _LINK_ENTER, j, 0))
+            if link_of[j] >= 0 and shared[j] > 0:
+                push(events, (t + dur[j] - shared[j], seq, _LINK_ENTER, j, 0))
             else:
-                heapq.heappush(events, (t + dur[j], seq, _DONE, j, 0))
+                push(events, (t + dur[j], seq, _DONE, j, 0))
         touched.clear()
         if not events:
             break
         t = events[0][0]
         while events and events[0][0] == t:
-            _, _, kind, a, b = heapq.heappop(events)
+            _, _, kind, a, b = pop(events)
             if kind == _DONE:
-                finish(a, t)
-                done += 1
+                finished.append(a)
             elif kind == _LINK_ENTER:
                 lk = link_of[a]
-                link_advance(lk, t)
+                link_update(lk, t)
                 active[lk][a] = shared[a]
-                link_reschedule(lk, t)
+                link_next(lk, t)
             elif b == link_ver[a]:  # _LINK_CHECK, not superseded
-                link_advance(a, t)
+                link_update(a, t)
                 act = active[a]
                 # the transfer this check was scheduled for ends now, with any that tie
                 limit = min(act.values()) + _TIE_S
                 for j in [j for j, rem in act.items() if rem <= limit]:
                     del act[j]
-                    finish(j, t)
-                    done += 1
-                link_reschedule(a, t)
+                    finished.append(j)
+                link_next(a, t)
+        for i in finished:
+            end[i] = t
+            s = stream_of[i]
+            busy[s] = False
+            last_on[s] = i
+            free_at[s] = t
+            touched.add(s)
+            for j in succs[i]:
+                if t >= ready_at[j]:
+                    ready_at[j] = t
+                    dep_gate[j] = i
+                waiting[j] -= 1
+                if not waiting[j]:
+                    push(ready[stream_of[j]], (prio[j], j))
+                    touched.add(stream_of[j])
+        done += len(finished)
+        finished.clear()
     if done != n:
         stuck = [i for i in range(n) if end[i] != end[i]][:5]
         raise ValueError(f"{n - done} task instances never became ready (dependency cycle?); "

@@ -8,6 +8,9 @@
   start (its last-finishing predecessor, or the task before it on its stream);
 * `exposed_comm_s`: communication time on the critical path (what the makespan would
   lose, to first order, if those transfers were free);
+* compressed timelines hold two representative layers per block; their makespan, idle
+  and exposed communication are extrapolated to all layers (`perfcast.plan.compose`),
+  so those three are fields, not sums over `tasks`;
 * `idle_s[d]`: time device d has no instance running on any stream within the makespan;
   `bubble_s` is its mean over devices (pipeline fill/drain and waiting);
 * ids: `lineage` is the costing lineage (`L12.attn.o_proj` per layer in a full
@@ -18,13 +21,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from perfcast.evidence.costing import CostedTask
 from perfcast.workload.tensors import TaskKind
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledTask:
+class ScheduledTask(NamedTuple):
+    """One scheduled instance (a NamedTuple: ten thousand of them build in a few ms)."""
+
     lineage: str
     unit: int
     stage: int
@@ -72,6 +77,8 @@ class Timeline:
     sum_of_tasks_s: float
     critical_path: tuple[int, ...]  # indices into `tasks`
     idle_s: tuple[float, ...]       # per device, same order as `devices`
+    exposed_comm_s: float
+    represented_layers: int = 1     # compressed mode: layers each block's first layer stands for
 
     def instance_id(self, i: int) -> str:
         t = self.tasks[i]
@@ -79,10 +86,6 @@ class Timeline:
 
     def critical_path_ids(self) -> list[str]:
         return [self.instance_id(i) for i in self.critical_path]
-
-    @property
-    def exposed_comm_s(self) -> float:
-        return sum(self.tasks[i].duration_s for i in self.critical_path if self.tasks[i].is_comm)
 
     @property
     def bubble_s(self) -> float:
@@ -111,7 +114,8 @@ class Timeline:
                 "num_microbatches": self.options.num_microbatches,
                 "units": self.units, "pp_schedule": self.options.pp_schedule,
                 "overlap": self.options.overlap, "full_timeline": self.options.full_timeline,
-                "scheduled_instances": len(self.tasks)}
+                "scheduled_instances": len(self.tasks),
+                "extrapolated_from_layers": self.represented_layers}
 
 
 def union_length(intervals) -> float:
