@@ -48,7 +48,9 @@ def main() -> None:
           f"{'plain sum ms':>14}{'bubble':>8}{'exposed comm ms':>17}")
     for overlap, n_mb in (("comm", MICROBATCHES), ("two-microbatch", MICROBATCHES // 2)):
         halves = OverlapMode(overlap).halves
-        units = [cost_graph(build_task_graph(model, PLAN, b), system.name, resolver)
+        costed: dict = {}  # identical microbatches share one costed graph, as in estimate_step
+        units = [costed.setdefault(b, cost_graph(build_task_graph(model, PLAN, b), system.name,
+                                                 resolver))
                  for b in split_batch(BATCH, n_mb * halves)]
         for full in (True, False):
             opts = PlanOptions(num_microbatches=n_mb, overlap=overlap, full_timeline=full)

@@ -5,7 +5,7 @@ import pytest
 from perfcast.core.errors import ConfigError
 from perfcast.plan import PlanOptions, bubble_fraction, schedule_plan, split_batch
 from perfcast.workload import Batch, BatchSegment
-from tests.plan.handgraphs import MS, SYSTEM, graph, task
+from .handgraphs import MS, SYSTEM, graph, task
 
 
 def pipeline(stage_ms):

@@ -3,7 +3,7 @@
 import pytest
 
 from perfcast.plan import PlanOptions, Problem, schedule_plan, simulate
-from tests.plan.handgraphs import MS, SYSTEM, graph, task
+from .handgraphs import MS, SYSTEM, graph, task
 
 
 def plan(*tasks, overlap="comm", **kw):
@@ -168,3 +168,18 @@ def test_uneven_stages_keep_their_extra_layer_in_compressed_mode():
                                                            full_timeline=full))
         assert tl.makespan_s == pytest.approx(66 * MS)
         assert tl.idle_s[1] == pytest.approx(66 * MS - 4 * 14 * MS)
+
+
+def test_moe_dispatch_overlaps_the_shared_expert_only():
+    # router 0-1 | dispatch 1-3 (comm) under shared expert 1-4 | experts wait for both
+    # the dispatch and the compute stream: 4-6 | combine 6-8 | add 8-9
+    tl = plan(task("router", 1 * MS),
+              task("dispatch", 2 * MS, ["router"], comm=True, operation="all_to_all"),
+              task("shared", 3 * MS, ["router"]),
+              task("experts", 2 * MS, ["dispatch"]),
+              task("combine", 2 * MS, ["experts"], comm=True, operation="all_to_all"),
+              task("add", 1 * MS, ["combine", "shared"]))
+    assert tl.makespan_s == pytest.approx(9 * MS)
+    assert tl.sum_of_tasks_s == pytest.approx(11 * MS)
+    assert tl.critical_path_ids() == ["router", "shared", "experts", "combine", "add"]
+    assert tl.exposed_comm_s == pytest.approx(2 * MS)

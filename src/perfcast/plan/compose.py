@@ -35,7 +35,8 @@ REP_LAYERS = (1, 4)
 def schedule_plan(units: Sequence[CostedGraph], system: System | None,
                   options: PlanOptions = PlanOptions()) -> Timeline:
     """Schedule `units` (one costed graph per microbatch, or per half-microbatch under
-    two-microbatch overlap, in order) on the plan's devices and streams."""
+    two-microbatch overlap, in order) on the plan's devices and streams. Pass the same
+    CostedGraph object for identical units: their instance template is built once."""
     overlap = OverlapMode.parse(options.overlap)
     pp_schedule = PipelineSchedule.parse(options.pp_schedule)
     expected = options.num_microbatches * overlap.halves
