@@ -26,10 +26,10 @@ SYSTEM = load_system("h100_sxm")  # tiers: nvlink (groups of up to 8), infiniban
 def task(lineage: str, latency_s: float, deps=(), *, comm: bool = False, participants: int = 8,
          stage: int = 0, layers: tuple[int, int] | None = None, calls_per_layer: int = 1,
          bandwidth_s: float | None = None, stream: str = "",
-         operation: str = "") -> CostedTask:
+         operation: str = "", stride: int = 1) -> CostedTask:
     """A task whose every call costs `latency_s`. Collectives (`comm=True`) carry
     `participants` (which picks the tier) and optionally the bandwidth part of the cost."""
-    reps = layers[1] - layers[0] + 1 if layers else 1
+    reps = len(range(layers[0], layers[1] + 1, stride)) if layers else 1
     group = lineage.split(".", 1)[1] if layers else lineage
     op = operation or ("all_reduce" if comm else "gemm")
     work = Work(engine=Engine.NETWORK if comm else Engine.MATRIX,

@@ -183,3 +183,22 @@ def test_moe_dispatch_overlaps_the_shared_expert_only():
     assert tl.sum_of_tasks_s == pytest.approx(11 * MS)
     assert tl.critical_path_ids() == ["router", "shared", "experts", "combine", "add"]
     assert tl.exposed_comm_s == pytest.approx(2 * MS)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_alternating_blocks_chain_layer_by_layer(full):
+    # gpt-oss style: sliding-window layers 0,2,..,16 and full layers 1,3,..,17, each
+    # block built once; layer 1 depends on layer 0 (the deps say so), layer 2 on layer 1
+    a, b = dict(layers=(0, 16), stride=2), dict(layers=(1, 17), stride=2)
+    tasks = (task("embed", 1 * MS),
+             task("L0-16:2.attn", 1 * MS, ["embed"], **a),
+             task("L0-16:2.ar", 1 * MS, ["L0-16:2.attn"], comm=True, **a),
+             task("L1-17:2.attn", 2 * MS, ["L0-16:2.ar"], **b),
+             task("L1-17:2.ar", 1 * MS, ["L1-17:2.attn"], comm=True, **b),
+             task("head", 1 * MS, ["L1-17:2.ar"]))
+    tl = plan(*tasks, full_timeline=full)
+    assert tl.makespan_s == pytest.approx((1 + 9 * 2 + 9 * 3 + 1) * MS)
+    order = [t.lineage for t in sorted(tl.tasks, key=lambda t: t.start_s)]
+    layers = [name.split(".")[0] for name in order[1:-1]]
+    assert layers == sorted(layers, key=lambda x: int(x[1:]))  # L0, L0, L1, L1, L2, ...
+    assert order[1:5] == ["L0.attn", "L0.ar", "L1.attn", "L1.ar"]

@@ -14,6 +14,8 @@ units in flight (see `perfcast.plan.pipeline`).
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +23,7 @@ from perfcast.core.errors import ConfigError
 from perfcast.evidence.costing import CostedGraph, CostedTask
 from perfcast.plan.resources import ResourceModel
 from perfcast.plan.scheduler import Problem
-from perfcast.workload.tensors import TaskKind
+from perfcast.workload.tensors import Task, TaskKind
 
 _PRIORITY_STRIDE = 1 << 32
 
@@ -47,10 +49,20 @@ class Template:
         return len(self.lineage)
 
 
+_STRIDED = re.compile(r"L(\d+)-(\d+):(\d+)\.")
+
+
+def block_layers(task: Task) -> range:
+    """The layers a repeated task runs in: `layers=(first, last)`, every `step`-th when
+    its lineage says so (`L0-34:2.` = layers 0, 2, ..., 34 of an alternating pattern)."""
+    first, last = task.layers[0], task.layers[1]
+    m = _STRIDED.match(task.lineage)
+    return range(first, last + 1, int(m.group(3)) if m else 1)
+
+
 def block_lengths(costed: CostedGraph) -> list[int]:
     """Layers of each repeated block of the graph."""
-    return sorted({t.task.layers[1] - t.task.layers[0] + 1 for t in costed.tasks
-                   if t.task.layers is not None})
+    return sorted({len(block_layers(t.task)) for t in costed.tasks if t.task.layers is not None})
 
 
 # Compressed mode: a block of more than SHORT_BLOCK_LAYERS layers keeps `rep_layers`
@@ -61,12 +73,28 @@ SHORT_BLOCK_LAYERS = 6
 EXTRA_LAYERS_CAP = 4
 
 
+def _kept_layers(layers: range, rep_layers: int | None, ref_layers: int) -> list[tuple[int, float]]:
+    """(layer, scale) of the instances that stand for a block."""
+    reps = len(layers)
+    if rep_layers is None or reps <= SHORT_BLOCK_LAYERS:
+        return [(n, 1.0) for n in layers]
+    extra = min(reps - ref_layers, EXTRA_LAYERS_CAP)
+    scales = [(reps - extra) / ref_layers] * rep_layers + [1.0] * extra
+    return list(zip(layers, scales))
+
+
 def build_template(costed: CostedGraph, resources: ResourceModel, *,
                    rep_layers: int | None = None, ref_layers: int = 1) -> Template:
     """Instances of one unit. `rep_layers=None` expands every layer; otherwise each long
     block of L layers becomes `rep_layers` representative layers scaled by
     (L - e) / `ref_layers` followed by e = min(L - ref_layers, EXTRA_LAYERS_CAP) real
-    layers, so at rep_layers = ref_layers the block holds exactly L layers of work."""
+    layers, so at rep_layers = ref_layers the block holds exactly L layers of work.
+
+    Dependencies of layer n: the block's own deps inside layer n; a dep on another block
+    means its latest layer before n (its last layer for tasks outside blocks); a task
+    that starts a layer (no dep inside its block) also waits for the tasks that end the
+    stage's previous layer (n - 1, or the latest kept layer before n), whichever block
+    it belongs to, so alternating blocks (`L0-34:2`, `L1-35:2`) chain layer by layer."""
     tasks = [ct.task for ct in costed.tasks]
     pos = {t.lineage: i for i, t in enumerate(tasks)}
     for t in tasks:
@@ -75,12 +103,22 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *,
                 raise ConfigError(f"task {t.lineage} depends on unknown lineage {d!r}",
                                   field="deps", expected="a lineage id of the same graph")
     blocks: dict[tuple, list[int]] = {}
+    block_of: dict[int, tuple] = {}
+    kept: dict[tuple, list[tuple[int, float]]] = {}
+    reps_of: dict[tuple, int] = {}
     for i, t in enumerate(tasks):
         if t.layers is not None:
-            blocks.setdefault((t.stage, t.layers), []).append(i)
+            layers = block_layers(t)
+            key = (t.stage, layers.start, layers.stop, layers.step)
+            blocks.setdefault(key, []).append(i)
+            block_of[i] = key
+            if key not in kept:
+                kept[key] = _kept_layers(layers, rep_layers, ref_layers)
+                reps_of[key] = len(layers)
+    kept_layers = {key: [n for n, _ in ks] for key, ks in kept.items()}
     tpl = Template()
     index: dict[tuple[int, int | None], int] = {}  # (task index, layer) -> instance
-    last_layer: dict[tuple, int] = {}
+    layer_block: dict[tuple[int, int], tuple] = {}   # (stage, layer) -> block emitted there
 
     def emit(i: int, layer: int | None, reps: int, scale: float) -> None:
         ct = costed.tasks[i]
@@ -101,51 +139,75 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *,
         tpl.stream.append(place.stream)
         tpl.link_tier.append(place.link_tier)
 
+    done: set[tuple] = set()
     for i, t in enumerate(tasks):
-        key = (t.stage, t.layers)
-        if key in blocks:
-            if key in last_layer:
-                continue
-            first, last = t.layers
-            reps = last - first + 1
-            scales = [1.0] * reps
-            if rep_layers is not None and reps > SHORT_BLOCK_LAYERS:
-                extra = min(reps - ref_layers, EXTRA_LAYERS_CAP)
-                scales = [(reps - extra) / ref_layers] * rep_layers + [1.0] * extra
-            last_layer[key] = first + len(scales) - 1
-            for n, scale in enumerate(scales):
-                for j in blocks[key]:
-                    emit(j, first + n, reps, scale)
-        else:
+        key = block_of.get(i)
+        if key is None:
             emit(i, None, 1, 1.0)
+            continue
+        if key in done:
+            continue
+        group = _interleaved(key, blocks, done)
+        done.update(group)
+        by_layer = sorted((n, scale, k) for k in group for n, scale in kept[k])
+        for n, scale, k in by_layer:
+            layer_block[(k[0], n)] = k
+            for j in blocks[k]:
+                emit(j, n, reps_of[k], scale)
 
-    block_of = {i: key for key, members in blocks.items() for i in members}
-    block_sources: dict[tuple, list[int]] = {}
+    stage_layers: dict[int, list[int]] = {}
+    for st, n in sorted(layer_block):
+        stage_layers.setdefault(st, []).append(n)
     block_sinks: dict[tuple, list[int]] = {}
+    is_source: set[int] = set()
     for key, members in blocks.items():
         inside = set(members)
         has_succ = {pos[d] for j in members for d in tasks[j].deps if pos[d] in inside}
-        block_sources[key] = [j for j in members
-                              if not any(pos[d] in inside for d in tasks[j].deps)]
+        is_source.update(j for j in members if not any(pos[d] in inside for d in tasks[j].deps))
         block_sinks[key] = [j for j in members if j not in has_succ]
     tpl.preds = [[] for _ in tpl.lineage]
     for (i, layer), inst in index.items():
-        t = tasks[i]
         preds = tpl.preds[inst]
         own = block_of.get(i)
-        for d in t.deps:
+        for d in tasks[i].deps:
             k = pos[d]
             dkey = block_of.get(k)
-            if dkey is not None and dkey == own:
-                preds.append(index[(k, layer)])
-            elif dkey is not None:
-                preds.append(index[(k, last_layer[dkey])])
-            else:
+            if dkey is None:
                 preds.append(index[(k, None)])
-        if own is not None and layer != own[1][0] and i in block_sources[own]:
-            preds.extend(index[(k, layer - 1)] for k in block_sinks[own])
+            elif dkey == own:
+                preds.append(index[(k, layer)])
+            else:
+                preds.append(index[(k, _latest_before(kept_layers[dkey], layer))])
+        if own is not None and i in is_source and layer != kept_layers[own][0]:
+            layers = stage_layers[own[0]]
+            prev = layers[bisect.bisect_left(layers, layer) - 1]
+            prev_block = layer_block[(own[0], prev)]
+            preds.extend(index[(k, prev)] for k in block_sinks[prev_block])
     _stage_ends(tpl)
     return tpl
+
+
+def _interleaved(key: tuple, blocks: dict[tuple, list[int]], done: set[tuple]) -> list[tuple]:
+    """`key` and the not yet emitted blocks of its stage whose layer spans overlap it."""
+    group = [key]
+    lo, hi = key[1], key[2]
+    grown = True
+    while grown:
+        grown = False
+        for k in blocks:
+            if k[0] == key[0] and k not in done and k not in group and k[1] < hi and lo < k[2]:
+                group.append(k)
+                lo, hi = min(lo, k[1]), max(hi, k[2])
+                grown = True
+    return group
+
+
+def _latest_before(layers: list[int], layer: int | None) -> int:
+    """The latest of a block's (sorted) layers before `layer`; its last when none is."""
+    if layer is None:
+        return layers[-1]
+    i = bisect.bisect_left(layers, layer)
+    return layers[i - 1] if i > 0 else layers[-1]
 
 
 def _stage_ends(tpl: Template) -> None:
