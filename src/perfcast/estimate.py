@@ -97,18 +97,23 @@ def make_resolver(system: System, evidence: Sequence[CostProvider] = (), *,
     return CostResolver([*evidence, *default_providers(system, roofline_mode=roofline_mode)])
 
 
+def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch) -> TaskGraph:
+    """The task graph of `batch` (the whole step or one microbatch) under the request."""
+    return build_task_graph(model, request.plan, batch, request.precision,
+                            logits=request.logits)
+
+
 def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None) -> StepResult:
+    PipelineSchedule.parse(request.pp_schedule)  # bad plan options fail before any costing
+    halves = OverlapMode.parse(request.overlap).halves
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
-    graph = build_task_graph(model, request.plan, request.batch, request.precision,
-                             logits=request.logits)
+    graph = _build_graph(request, model, request.batch)
     resolver = resolver or make_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
     options = PlanOptions(num_microbatches=request.num_microbatches,
                           pp_schedule=request.pp_schedule, overlap=request.overlap,
                           full_timeline=request.full_timeline)
-    PipelineSchedule.parse(request.pp_schedule)
-    halves = OverlapMode.parse(request.overlap).halves
     parts = request.num_microbatches * halves
     units = [costed]
     if parts > 1:
@@ -118,9 +123,8 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
             if halves > 1 else ""
         for part in split_batch(request.batch, parts, note=note):
             if part not in by_batch:
-                g = build_task_graph(model, request.plan, part, request.precision,
-                                     logits=request.logits)
-                by_batch[part] = cost_graph(g, system.name, resolver, request.context)
+                by_batch[part] = cost_graph(_build_graph(request, model, part), system.name,
+                                            resolver, request.context)
             units.append(by_batch[part])
     timeline = schedule_plan(units, system, options)
     return StepResult(request=request, system=system, graph=graph, costed=costed,

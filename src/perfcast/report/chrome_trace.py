@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.estimate import StepResult
-from perfcast.plan import Timeline
+from perfcast.plan import ScheduledTask, Timeline
 
 
 def timeline_trace_events(timeline: Timeline, *, device_label: str = "") -> list[dict[str, Any]]:
@@ -33,12 +33,7 @@ def timeline_trace_events(timeline: Timeline, *, device_label: str = "") -> list
     multi = timeline.units > 1
     for st in timeline.tasks:
         t = st.costed.task
-        est = st.costed.resolution.estimate
-        args: dict[str, Any] = {
-            "lineage": st.lineage, "costed_lineage": t.lineage, "operator": t.operator,
-            "calls": st.calls, "method": est.method.value, "provider": est.provider,
-            "bound": est.bottleneck, "confidence": est.confidence,
-            "uncontended_us": st.uncontended_s * 1e6}
+        args = _instance_args(st)
         if multi:
             args["microbatch"] = st.unit
         events.append({
@@ -46,6 +41,17 @@ def timeline_trace_events(timeline: Timeline, *, device_label: str = "") -> list
             "cat": t.operation, "pid": st.stage, "tid": tids[(st.stage, st.stream)],
             "ts": st.start_s * 1e6, "dur": (st.end_s - st.start_s) * 1e6, "args": args})
     return events
+
+
+def _instance_args(st: ScheduledTask) -> dict[str, Any]:
+    """What a slice shows when clicked: identity, provenance and the work it stands for."""
+    t = st.costed.task
+    est = st.costed.resolution.estimate
+    return {"lineage": st.lineage, "costed_lineage": t.lineage, "operator": t.operator,
+            "calls": st.calls, "method": est.method.value, "provider": est.provider,
+            "bound": est.bottleneck, "confidence": est.confidence,
+            "uncontended_us": st.uncontended_s * 1e6, "flops": t.work.flops * st.calls,
+            "bytes": t.work.bytes_total * st.calls}
 
 
 def chrome_trace_events(result: StepResult) -> list[dict[str, Any]]:
