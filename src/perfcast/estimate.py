@@ -49,7 +49,7 @@ class EstimateRequest:
     num_microbatches: int = 1
     pp_schedule: str = "gpipe"      # gpipe | 1f1b
     overlap: str = "comm"           # none | comm | two-microbatch
-    full_timeline: bool = False     # expand every layer (else one representative, scaled)
+    full_timeline: bool = False     # expand every layer (else representative layers, extrapolated)
 
 
 @dataclass(frozen=True)

@@ -126,3 +126,15 @@ def test_cli_plan_options_and_trace(tmp_path):
     table = CliRunner().invoke(app, ["estimate", MODEL, "--query-length", "64"])
     assert table.exit_code == 0 and "plan makespan" in table.output
     assert "plain sum of tasks" in table.output
+
+
+@pytest.mark.parametrize("overlap,rel", [("none", 1e-9), ("comm", 1e-9), ("two-microbatch", 0.03)])
+def test_compressed_agrees_with_full_on_uneven_stages(overlap, rel):
+    # 32 layers over 3 stages: 11, 11, 10 (compressed keeps the extra layer for real)
+    kw = dict(plan=ParallelPlan(tp=2, pp=3), batch=Batch.prefill(12, 256), num_microbatches=3,
+              overlap=overlap)
+    compressed, full = run(**kw).timeline, run(full_timeline=True, **kw).timeline
+    assert compressed.extrapolated_layers == 10
+    assert compressed.makespan_s == pytest.approx(full.makespan_s, rel=rel)
+    assert compressed.sum_of_tasks_s == pytest.approx(full.sum_of_tasks_s, rel=1e-12)
+    assert compressed.bubble_s == pytest.approx(full.bubble_s, rel=max(rel, 1e-6) * 10)

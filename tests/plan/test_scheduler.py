@@ -117,7 +117,7 @@ def test_full_expansion_names_each_layer_and_keeps_the_chain():
     # compressed: four representative layers, extrapolated to ten
     assert [x.lineage for x in compressed.tasks] == (
         ["embed"] + [f"L{n}.mlp.{g}" for n in range(4) for g in ("up", "ar")] + ["head"])
-    assert compressed.represented_layers == 10
+    assert compressed.extrapolated_layers == 10
     assert compressed.sum_of_tasks_s == full.sum_of_tasks_s == pytest.approx(32 * MS)
 
 

@@ -67,9 +67,9 @@ def estimate_command(
     pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="gpipe | 1f1b")] = "gpipe",
     overlap: Annotated[str, typer.Option("--overlap", help="none | comm | two-microbatch")] = "comm",
     full_timeline: Annotated[bool, typer.Option("--full-timeline",
-                                                help="schedule every layer (default: one "
-                                                     "representative layer per stage, scaled; "
-                                                     "implied by --chrome-trace)")] = False,
+                                                help="schedule every layer (default: a few "
+                                                     "representative layers per block, "
+                                                     "extrapolated; implied by --chrome-trace)")] = False,
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
     with user_errors():

@@ -9,7 +9,7 @@ idle time and exposed communication are extrapolated linearly to k = L:
 layer and for pipelines whose stage times grow by a fixed amount per layer, and it keeps
 the steady state of patterns that cross layer boundaries, such as two-microbatch
 interleaving (one half's all-reduce under the other half's next GEMMs). The Timeline's
-tasks are those of the k = 4 schedule; `represented_layers` records L.
+tasks are those of the k = 4 schedule; `extrapolated_layers` records L.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def schedule_plan(units: Sequence[CostedGraph], system: System | None,
                     makespan_s=makespan, sum_of_tasks_s=sum_s, critical_path=b.critical_path,
                     idle_s=tuple(grow(x, y) for x, y in zip(a.idle_s, b.idle_s)),
                     exposed_comm_s=grow(a.exposed_comm_s, b.exposed_comm_s),
-                    represented_layers=ref)
+                    extrapolated_layers=ref)
 
 
 def _timeline(options: PlanOptions, units: Sequence[CostedGraph], stages: list[int],
@@ -109,4 +109,4 @@ def _timeline(options: PlanOptions, units: Sequence[CostedGraph], stages: list[i
     return Timeline(options=options, units=len(units), tasks=tuple(tasks),
                     devices=tuple(lanes), makespan_s=makespan, sum_of_tasks_s=sum_s,
                     critical_path=path if with_tasks else (), idle_s=tuple(idle),
-                    exposed_comm_s=exposed, represented_layers=1)
+                    exposed_comm_s=exposed, extrapolated_layers=0)

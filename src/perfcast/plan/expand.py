@@ -3,7 +3,7 @@
 Full mode expands every repeated layer block into one instance per layer (lineage
 `L{n}.{group}`, the block's per-layer calls); inside a layer, deps are the block's own
 deps; the block's first tasks of layer n > first also wait for the last tasks of layer
-n - 1. Compressed mode keeps the first one or two layers of each block as
+n - 1. Compressed mode keeps the first few layers of each long block as
 representatives (see `perfcast.plan.compose` for how they are scaled back up).
 
 Units are the microbatches (times two halves under two-microbatch overlap), each a

@@ -8,7 +8,7 @@
   start (its last-finishing predecessor, or the task before it on its stream);
 * `exposed_comm_s`: communication time on the critical path (what the makespan would
   lose, to first order, if those transfers were free);
-* compressed timelines hold two representative layers per block; their makespan, idle
+* compressed timelines hold four representative layers per long block; their makespan, idle
   and exposed communication are extrapolated to all layers (`perfcast.plan.compose`),
   so those three are fields, not sums over `tasks`;
 * `idle_s[d]`: time device d has no instance running on any stream within the makespan;
@@ -78,7 +78,7 @@ class Timeline:
     critical_path: tuple[int, ...]  # indices into `tasks`
     idle_s: tuple[float, ...]       # per device, same order as `devices`
     exposed_comm_s: float
-    represented_layers: int = 1     # compressed mode: layers each block's first layer stands for
+    extrapolated_layers: int = 0    # compressed mode: layers extrapolated to (0: all scheduled)
 
     def instance_id(self, i: int) -> str:
         t = self.tasks[i]
@@ -115,7 +115,7 @@ class Timeline:
                 "units": self.units, "pp_schedule": self.options.pp_schedule,
                 "overlap": self.options.overlap, "full_timeline": self.options.full_timeline,
                 "scheduled_instances": len(self.tasks),
-                "extrapolated_from_layers": self.represented_layers}
+                "extrapolated_layers": self.extrapolated_layers}
 
 
 def union_length(intervals) -> float:

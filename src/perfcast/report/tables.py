@@ -61,7 +61,7 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
         console.print(f"step latency (plan makespan): [bold]{fmt_time(tl.makespan_s)}[/bold]   "
                       f"overlap={o.overlap} pp-schedule={o.pp_schedule} "
                       f"microbatches={o.num_microbatches}"
-                      f"{' full timeline' if o.full_timeline else ' (one layer per stage, scaled)'}")
+                      f"{' full timeline' if o.full_timeline else ' (representative layers, extrapolated)'}")
         console.print(f"  plain sum of tasks (no overlap, no pipelining): "
                       f"{fmt_time(result.sum_of_tasks_s)}   of which communication "
                       f"{fmt_time(comm)}")
