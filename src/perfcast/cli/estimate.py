@@ -79,6 +79,15 @@ def estimate_command(
     export_empirical_metrics: Annotated[Optional[Path], typer.Option(
         "--export-empirical-metrics", help="write M1-M5 coverage metrics and misses "
                                            "(JSON); needs the profiling model")] = None,
+    num_microbatches: Annotated[int, typer.Option("--num-microbatches",
+                                                  help="split the step's requests into this many "
+                                                       "pipeline microbatches")] = 1,
+    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="gpipe | 1f1b")] = "gpipe",
+    overlap: Annotated[str, typer.Option("--overlap", help="none | comm | two-microbatch")] = "comm",
+    full_timeline: Annotated[bool, typer.Option("--full-timeline",
+                                                help="schedule every layer (default: a few "
+                                                     "representative layers per block, "
+                                                     "extrapolated; implied by --chrome-trace)")] = False,
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
@@ -92,7 +101,10 @@ def estimate_command(
         precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value) if dtype else None
         request = EstimateRequest(model=model, device=device,
                                   plan=ParallelPlan(tp=tp_size, pp=pp_size), batch=batch,
-                                  precision=precision, logits=logits, roofline_mode=roofline_mode)
+                                  precision=precision, logits=logits, roofline_mode=roofline_mode,
+                                  num_microbatches=num_microbatches, pp_schedule=pp_schedule,
+                                  overlap=overlap,
+                                  full_timeline=full_timeline or chrome_trace is not None)
         results = {}
         for name in models:
             resolver = None
