@@ -139,9 +139,9 @@ def test_gpt_oss_alternates_sliding_and_full_attention():
 
 def test_layout_errors_name_the_constraint():
     with pytest.raises(ConfigError, match="moe_tp_size"):
-        ParallelPlan(tp=8, ep=4, moe_tp=4)
+        graph("deepseek-ai/DeepSeek-V3", ParallelPlan(tp=8, ep=4, moe_tp=4))
     with pytest.raises(ConfigError, match="ep_size=3 does not divide"):
-        ParallelPlan(tp=8, ep=3)
+        graph("deepseek-ai/DeepSeek-V3", ParallelPlan(tp=8, ep=3))
     with pytest.raises(ConfigError, match="ep_size=16 exceeds the 8 routed experts"):
         graph("mistralai/Mixtral-8x7B-v0.1", ParallelPlan(dp=16, ep=16))
     with pytest.raises(ConfigError, match="num_attention_heads=64 is not divisible by tp_size=3"):

@@ -36,7 +36,7 @@ def _bound(ct) -> str:
 
 
 def op_rows(result: StepResult) -> list[OpRow]:
-    total = result.latency_s or 1.0
+    total = result.sum_of_tasks_s or 1.0  # share of the plain sum (the makespan may be less)
     rows = []
     for ct in result.costed.tasks:
         t = ct.task
@@ -66,6 +66,8 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
             "confidence": est.confidence, "raw_record_ids": list(est.raw_record_ids),
             "assumptions": list(est.assumptions),
         }
+        if est.statistics:
+            op["statistics"] = dict(est.statistics)
         if include_attempts:
             op["attempts"] = [{"provider": a.provider, "outcome": a.outcome.value,
                                "reason": a.reason} for a in ct.resolution.attempts]
@@ -89,7 +91,8 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
                       or g.precision.activation,
                       "kv_cache": g.precision.kv_cache},
         "latency_s": result.latency_s,
-        "sum_of_tasks_s": result.costed.sum_of_tasks_s(),
+        "sum_of_tasks_s": result.sum_of_tasks_s,
+        "plan": plan_json(result),
         "tokens_per_s_per_device": result.tokens_per_s_per_device,
         "work": {"flops": g.total_flops(), "bytes": g.total_bytes()},
         "memory_bytes": {"weights": mem.weights, "kv_cache": mem.kv_cache,
@@ -99,3 +102,11 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
         "conventions": dict(g.conventions),
         "ops": ops,
     }
+
+
+def plan_json(result: StepResult) -> dict[str, Any] | None:
+    """`plan` section: makespan, plain sum, exposed comm, bubble and critical path.
+
+    `plan.sum_of_tasks_s` sums what was scheduled (every microbatch); the top-level
+    `sum_of_tasks_s` is the whole step's task latencies added up once."""
+    return None if result.timeline is None else result.timeline.summary()

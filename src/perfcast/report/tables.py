@@ -56,8 +56,23 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
                           r.provider)
     console.print(table)
     comm = result.costed.comm_s()
-    console.print(f"step latency (sum of tasks, no overlap): [bold]{fmt_time(result.latency_s)}"
-                  f"[/bold]   of which communication {fmt_time(comm)}")
+    tl = result.timeline
+    if tl is not None:
+        o = tl.options
+        console.print(f"step latency (plan makespan): [bold]{fmt_time(tl.makespan_s)}[/bold]   "
+                      f"overlap={o.overlap} pp-schedule={o.pp_schedule} "
+                      f"microbatches={o.num_microbatches}"
+                      f"{' full timeline' if o.full_timeline else ' (representative layers, extrapolated)'}")
+        console.print(f"  plain sum of tasks (no overlap, no pipelining): "
+                      f"{fmt_time(result.sum_of_tasks_s)}   of which communication "
+                      f"{fmt_time(comm)}")
+        console.print(f"  exposed communication (on the critical path): "
+                      f"{fmt_time(tl.exposed_comm_s)}   bubble (mean idle per device): "
+                      f"{fmt_time(tl.bubble_s)} ({tl.bubble_fraction:.1%})")
+    else:
+        console.print(f"step latency (sum of tasks, no overlap): "
+                      f"[bold]{fmt_time(result.latency_s)}[/bold]   of which communication "
+                      f"{fmt_time(comm)}")
     console.print(f"tokens/s per device: [bold]{result.tokens_per_s_per_device:,.1f}[/bold]   "
                   f"work: {g.total_flops() / 1e12:,.2f} TFLOP, {g.total_bytes() / 1e9:,.2f} GB "
                   f"(all devices)")

@@ -58,6 +58,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
             spec: MoeSpec, traits: ArchTraits) -> str:
     """Router, top-k gating, dispatch, routed experts, combine, shared experts."""
     m, plan = b.model, b.plan
+    plan.check_moe_layout()
     tp, dp, ep = plan.tp, plan.dp, plan.ep
     devices = plan.devices_per_stage
     moe_tp = plan.moe_tp_size
@@ -164,7 +165,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
             deps=(last, shared), stage=stage, replicas=replicas)
     if mode == "all_reduce":
         last = tp_all_reduce(b, "moe.all_reduce", t_rank, h, tp, layers=layers, deps=(last,),
-                             stage=stage)
+                             stage=stage) or last
     return last
 
 
