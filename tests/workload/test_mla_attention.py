@@ -85,7 +85,9 @@ def test_tp_replicates_down_projections_but_splits_heads():
     qa, qb = task(g, "L3-60.mla.q_a_proj"), task(g, "L3-60.mla.q_b_proj")
     assert qa.work.axes["n"] == 1536 and qa.attributes["replicas"] == 8
     assert qb.work.axes["n"] == 16 * 192  # 128 heads / 8
-    assert task(g, "L3-60.mla.core").work.axes["heads"] == 16
+    core = task(g, "L3-60.mla.core")
+    # per-device heads plus the TP degree, as AIConfigurator's MLA tables key them
+    assert (core.work.axes["heads"], core.work.axes["tp_size"]) == (16, 8)
 
 
 def test_missing_mla_field_is_named():

@@ -96,10 +96,11 @@ def test_ep_dispatch_message_bytes_and_axes():
     assert disp.work.participants == 8
     ex = task(g, "L3-60.moe.experts")
     axes = ex.work.axes
-    assert (axes["num_tokens"], axes["hidden"], axes["inter"], axes["topk"], axes["num_experts"],
-            axes["ep"], axes["moe_tp"], axes["local_experts"]) == (256, 7168, 2048, 8, 256, 8, 1, 32)
+    assert (axes["tokens"], axes["hidden_size"], axes["inter_size"], axes["topk"],
+            axes["num_experts"], axes["moe_ep"], axes["moe_tp"], axes["local_experts"],
+            axes["distribution"]) == (256, 7168, 2048, 8, 256, 8, 1, 32, "balanced")
     assert ex.attributes["routed_rows"] == 256 * 8 / 8
-    assert ex.operation == "moe_gemm"
+    assert ex.operation == "moe"
     assert ex.operator == "tensor_cast.grouped_matmul_fp8.default"
 
 
@@ -183,6 +184,6 @@ def test_uneven_dp_split_keeps_the_true_moe_token_count():
     # the experts still see 4096 tokens in total, not 8 x 4096
     g = graph("Qwen/Qwen3-235B-A22B", ParallelPlan(dp=8, ep=8), Batch.prefill(1, 4096))
     ex = task(g, "L0-93.moe.experts")
-    assert ex.work.axes["num_tokens"] == 4096
+    assert ex.work.axes["tokens"] == 4096
     assert ex.attributes["routed_rows"] == 4096 * 8 / 8
     assert task(g, "L0-93.attn.core").work.axes["batch"] == 1

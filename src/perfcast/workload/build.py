@@ -101,7 +101,7 @@ def _activation_bytes(t: Task) -> float:
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
     out = sum(x.nbytes for x in t.outputs)
-    rest_is_weight_or_cache = (t.operation in ("moe_gemm", "attention", "mla_attention")
+    rest_is_weight_or_cache = (t.operation in ("moe", "attention", "mla_attention")
                                or (t.operation == "gemm" and "weight_params" in t.attributes))
     ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
     return out + sum(x.nbytes for x in ins)

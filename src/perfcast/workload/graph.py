@@ -473,7 +473,7 @@ class GraphBuilder:
         return self._add(Task(
             operator=GROUPED_GEMM_OPERATORS.get(DType(w_dt).value,
                                                 "tensor_cast.grouped_matmul.default"),
-            operation="moe_gemm", kind=TaskKind.COMPUTE,
+            operation="moe", kind=TaskKind.COMPUTE,
             inputs=(TensorSpec((rows, hidden), DType(a_dt).value),
                     TensorSpec((local_experts, hidden, up_n), DType(w_dt).value),
                     TensorSpec((local_experts, inter_local, hidden), DType(w_dt).value)),

@@ -82,10 +82,11 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
     t_pad = t_rank * dp                    # equal-size collective buffers over the DP ranks
     pairs = t_all * k / ep * plan.expert_imbalance   # routed rows on the busiest EP rank
     active = local_experts * (1.0 - (1.0 - k / e) ** t_all)
-    moe_axes = {"num_tokens": t_all, "hidden": h, "inter": spec.inter, "topk": k,
-                "num_experts": e, "ep": ep, "moe_tp": moe_tp, "local_experts": local_experts,
-                "tokens_per_rank": t_rank,
-                "distribution": "uniform" if plan.expert_imbalance == 1.0
+    # axis names of measured MoE tables (AIConfigurator moe_perf as perfcast imports it)
+    moe_axes = {"tokens": t_all, "hidden_size": h, "inter_size": spec.inter, "topk": k,
+                "num_experts": e, "moe_ep": ep, "moe_tp": moe_tp,
+                "local_experts": local_experts, "tokens_per_rank": t_rank,
+                "distribution": "balanced" if plan.expert_imbalance == 1.0
                 else f"imbalance_{plan.expert_imbalance:g}"}
 
     router_extra = {"bias_params": e} if traits.router_bias else None
