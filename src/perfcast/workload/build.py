@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families import family_for
@@ -43,9 +45,6 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     if mtp_layers < 0 or block_size < 0 or reserve_bytes < 0:
         raise ConfigError("mtp_layers, block_size and reserve_bytes must be >= 0",
                           field="mtp_layers/block_size/reserve_bytes", expected=">= 0")
-    if plan.sp and plan.tp > 1:
-        raise ConfigError("sequence parallelism is not modelled yet", field="sp",
-                          expected="sp=False")
     if precision is None:
         from perfcast.workload.quant import precision_for_model
 
@@ -72,7 +71,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
         if stage > 0:
             last = builder.collective(
                 f"pp.send_recv.stage{stage}", "send_recv", deps=(last,), stage=stage,
-                message_bytes=tokens * model.hidden_size * dtype_bytes(precision.activation),
+                message_bytes=(-(-tokens // plan.tp) if plan.sp else tokens)
+                * model.hidden_size * dtype_bytes(precision.activation),
                 participants=2, devices=plan.devices_per_stage)
         last = family(builder, (first, end), (last,), stage)
     logits_tokens = local.num_requests if logits == "last" else tokens
@@ -80,6 +80,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     memory = memory_facts(builder.tasks, plan, block_size=block_size,
                           reserve_bytes=reserve_bytes, residual_bytes=tokens * model.hidden_size
                           * dtype_bytes(precision.activation))
+    memory = replace(memory, activations_per_token=memory.activations / tokens)
     return builder.build(memory)
 
 
@@ -100,10 +101,9 @@ def _activation_bytes(t: Task) -> float:
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
     out = sum(x.nbytes for x in t.outputs)
-    ins = t.inputs
-    if t.operation != "gemm" or "weight_params" in t.attributes:
-        if t.operation in ("gemm", "moe_gemm", "attention", "mla_attention"):
-            ins = t.inputs[:1]  # the rest are weights or the KV cache
+    rest_is_weight_or_cache = (t.operation in ("moe", "attention", "mla_attention")
+                               or (t.operation == "gemm" and "weight_params" in t.attributes))
+    ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
     return out + sum(x.nbytes for x in ins)
 
 
@@ -111,13 +111,16 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
                  reserve_bytes: float = 0.0, residual_bytes: float = 0.0) -> MemoryFacts:
     """Per-device bytes on the most loaded pipeline stage, read off the tasks:
     weights from `weight_bytes` (once per layer), KV cache from each attention task's
-    `kv_cache_bytes_per_token` over its requests' cached tokens (window-capped), and the
+    `kv_cache_bytes_per_token` over its requests' cached tokens (window-capped) plus any
+    task's fixed `state_bytes_per_request` (recurrent state; requests from the
+    `requests` attribute or the `batch` axis), and the
     activation peak as the largest op's live tensors plus the residual stream."""
     pp = plan.pp
     weights = [0.0] * pp
     kv = [0.0] * pp
     act = [0.0] * pp
     per_token: list[dict[int, float]] = [{} for _ in range(pp)]
+    state_per_request = [0.0] * pp
     seen_runs: set[tuple] = set()
     for t in tasks:
         a = t.attributes
@@ -126,6 +129,14 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
             wb = float(a["tied_weight_bytes"])  # the last stage holds its own copy
         weights[t.stage] += wb * int(a.get("layer_count", t.count))
         act[t.stage] = max(act[t.stage], _activation_bytes(t))
+        state = a.get("state_bytes_per_request")
+        if state is not None:  # fixed-size per-request state (e.g. recurrent layers)
+            requests = int(a.get("requests", t.work.axes.get("batch", 0)))
+            kv[t.stage] += requests * float(state) * t.count
+            run = (t.layers, t.stage, t.lineage.split(".", 1)[0], "state")
+            if run not in seen_runs:
+                seen_runs.add(run)
+                state_per_request[t.stage] += float(state) * t.count
         per_tok = a.get("kv_cache_bytes_per_token")
         if per_tok is None:
             continue
@@ -147,4 +158,5 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
     return MemoryFacts(weights=weights[s], kv_cache=kv[s], activations=act[s] + residual_bytes,
                        reserve=reserve_bytes,
                        kv_bytes_per_token=tuple(sorted(per_token[s].items())),
-                       dp_ranks=plan.dp, block_size=block_size)
+                       dp_ranks=plan.dp, block_size=block_size,
+                       state_bytes_per_request=state_per_request[s])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfcast.core.canonical import Record
@@ -34,6 +34,14 @@ GROUPED_GEMM_OPERATORS: dict[str, str] = {
     "mxfp4": "tensor_cast.grouped_matmul_mxfp4.default",
     "nvfp4": "tensor_cast.grouped_matmul_mxfp4.default",
     "fp4": "tensor_cast.grouped_matmul_mxfp4.default",
+}
+
+
+# Attention operator when attention math is quantised (int8/fp8 Q, K, V).
+QUANT_ATTENTION_OPERATORS: dict[str, str] = {
+    "tensor_cast.attention.default": "tensor_cast.attention_quant.default",
+    "tensor_cast.multihead_latent_attention.default":
+        "tensor_cast.multihead_latent_attention_quant.default",
 }
 
 
@@ -82,7 +90,11 @@ class MemoryFacts(Record):
     * `reserve`: framework reserve (workspace, CUDA graphs, allocator slack) as declared;
     * `kv_bytes_per_token`: ((window or 0), bytes) pairs: cache bytes one token of one
       request adds on this device, summed over the layers with that window;
-    * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests.
+    * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests;
+    * `activations_per_token`: `activations` / the step's tokens per device, so that
+      `max_batch_for` can scale the activation peak with the batch;
+    * `state_bytes_per_request`: fixed per-request cache (recurrent-layer state) that
+      families declare with a task attribute of the same name.
     """
 
     weights: float
@@ -92,6 +104,8 @@ class MemoryFacts(Record):
     kv_bytes_per_token: tuple[tuple[int, float], ...] = ()
     dp_ranks: int = 1
     block_size: int = 0
+    activations_per_token: float = 0.0
+    state_bytes_per_request: float = 0.0
 
     @property
     def total(self) -> float:
@@ -99,7 +113,7 @@ class MemoryFacts(Record):
 
     def kv_bytes_per_request(self, context_tokens: int) -> float:
         """Cache bytes one request of `context_tokens` tokens occupies on this device."""
-        total = 0.0
+        total = self.state_bytes_per_request
         for window, per_token in self.kv_bytes_per_token:
             tokens = min(context_tokens, window) if window else context_tokens
             if self.block_size:
@@ -107,14 +121,21 @@ class MemoryFacts(Record):
             total += tokens * per_token
         return total
 
-    def max_batch_for(self, context_tokens: int, capacity_bytes: float) -> int:
+    def max_batch_for(self, context_tokens: int, capacity_bytes: float, *,
+                      query_tokens: int = 1) -> int:
         """Most concurrent requests of `context_tokens` cached tokens each that fit in
-        `capacity_bytes` per device, over all attention-DP ranks. Weights, reserve and
-        this step's activation peak stay resident; 0 when even one request does not fit."""
+        `capacity_bytes` per device, over all attention-DP ranks, when each computes
+        `query_tokens` new tokens per step. Weights and reserve stay resident; the
+        activation peak grows by `activations_per_token` per new token (or stays at
+        `activations` when unknown). 0 when even one request does not fit."""
         if context_tokens < 1:
             raise ValueError("context_tokens must be positive")
-        free = capacity_bytes - self.weights - self.reserve - self.activations
+        free = capacity_bytes - self.weights - self.reserve
         per_request = self.kv_bytes_per_request(context_tokens)
+        if self.activations_per_token:
+            per_request += self.activations_per_token * query_tokens
+        else:
+            free -= self.activations
         if free <= 0:
             return 0
         if per_request <= 0:
@@ -221,6 +242,10 @@ class GraphBuilder:
     def _add(self, task: Task) -> str:
         if task.lineage in self._lineages:
             raise ValueError(f"duplicate lineage id {task.lineage}")
+        prefix = task.lineage.split(".", 1)[0]
+        if task.layers and ":" in prefix:  # strided run: `layers` spans, `count` repeats
+            task = replace(task, attributes=task.attributes.replace(
+                layer_step=int(prefix.rsplit(":", 1)[1])))
         self._lineages.add(task.lineage)
         self.tasks.append(task)
         return task.lineage
@@ -306,6 +331,8 @@ class GraphBuilder:
         extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
+        if DType(a_dt) in (DType.INT8, DType.FP8):
+            operator = QUANT_ATTENTION_OPERATORS.get(operator, operator)
         pairs = attended_pairs(q_tokens, context_tokens, window) * num_requests
         flops = 2.0 * q_heads * (qk_head_dim + v_head_dim) * pairs
         kv_len = context_tokens + q_tokens
@@ -403,8 +430,9 @@ class GraphBuilder:
     def moe_experts(self, group: str, *, pairs: float, hidden: int, inter_local: int,
                     local_experts: int, active_local_experts: float, weight_shards: int,
                     active_weight_params: float, gated: bool = True, bias: bool = False,
-                    layers=None, deps=(), stage: int = 0, devices: int | None = None,
-                    axes: dict | None = None, extra: dict | None = None) -> str:
+                    moe_tp: int = 1, layers=None, deps=(), stage: int = 0,
+                    devices: int | None = None, axes: dict | None = None,
+                    extra: dict | None = None) -> str:
         """The routed-expert FFN of one MoE layer on one device, as one fused task:
         grouped gate/up GEMM, activation, grouped down GEMM over `pairs` routed
         (token, expert) rows (fractional: an expected value under the routing model).
@@ -412,7 +440,9 @@ class GraphBuilder:
         FLOPs: 2*pairs*hidden*up_n + 2*pairs*inter*hidden + 5*pairs*inter (up_n = 2*inter
         when gated). Bytes: routed rows in, the weights of the `active_local_experts` that
         receive at least one row (plus their scales), the intermediate tensors written and
-        read back, rows out. Resident weights: all `local_experts`."""
+        read back, rows out. Resident weights: all `local_experts`. With `bias`, the
+        gate/up bias is split like its weight and the down bias is held whole by each of
+        the `moe_tp` ranks (counted once in `weight_params`)."""
         w_dt, a_dt = self.precision.linear(group)
         o_dt = self.precision.activation
         up_n = (2 if gated else 1) * inter_local
@@ -429,7 +459,8 @@ class GraphBuilder:
         rows = max(1, math.ceil(pairs))
         attrs: dict[str, Any] = {
             "weight_dtype": DType(w_dt).value, "act_dtype": DType(a_dt).value,
-            "weight_params": resident + local_experts * bias_elems,
+            "weight_params": resident + local_experts * (
+                (up_n + hidden / moe_tp) if bias else 0),
             "weight_shards": weight_shards, "active_weight_params": active_weight_params,
             "weight_bytes": resident * w_b + _scale_bytes(w_dt, resident)
             + local_experts * bias_elems * o_b,
@@ -442,7 +473,7 @@ class GraphBuilder:
         return self._add(Task(
             operator=GROUPED_GEMM_OPERATORS.get(DType(w_dt).value,
                                                 "tensor_cast.grouped_matmul.default"),
-            operation="moe_gemm", kind=TaskKind.COMPUTE,
+            operation="moe", kind=TaskKind.COMPUTE,
             inputs=(TensorSpec((rows, hidden), DType(a_dt).value),
                     TensorSpec((local_experts, hidden, up_n), DType(w_dt).value),
                     TensorSpec((local_experts, inter_local, hidden), DType(w_dt).value)),

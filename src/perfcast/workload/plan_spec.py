@@ -48,6 +48,18 @@ class ParallelPlan(Record):
         if isinstance(self.moe_tp, bool) or not isinstance(self.moe_tp, int) or self.moe_tp < 0:
             raise ConfigError(f"has value {self.moe_tp!r}", field="moe_tp_size",
                               expected="a positive integer (or 0 to derive it)")
+        if self.moe_dispatch not in MOE_DISPATCH_MODES:
+            raise ConfigError(f"has value {self.moe_dispatch!r}", field="moe_dispatch",
+                              expected=" | ".join(MOE_DISPATCH_MODES))
+        if not (isinstance(self.expert_imbalance, (int, float))
+                and self.expert_imbalance >= 1.0):
+            raise ConfigError(f"has value {self.expert_imbalance!r}", field="expert_imbalance",
+                              expected="a number >= 1 (1.0 = balanced)")
+
+    def check_moe_layout(self) -> None:
+        """MoE layers must span exactly the attention devices of a stage. Checked when
+        MoE work is built (and by the CLI), so that plans used only as parameter holders
+        (e.g. an EP size for a profiling lookup) stay constructible."""
         d = self.devices_per_stage
         if self.moe_tp:
             if self.ep * self.moe_tp != d:
@@ -59,13 +71,6 @@ class ParallelPlan(Record):
         elif d % self.ep:
             raise ConfigError(f"ep_size={self.ep} does not divide dp_size x tp_size = {d}",
                               field="ep_size", expected=f"a divisor of {d}")
-        if self.moe_dispatch not in MOE_DISPATCH_MODES:
-            raise ConfigError(f"has value {self.moe_dispatch!r}", field="moe_dispatch",
-                              expected=" | ".join(MOE_DISPATCH_MODES))
-        if not (isinstance(self.expert_imbalance, (int, float))
-                and self.expert_imbalance >= 1.0):
-            raise ConfigError(f"has value {self.expert_imbalance!r}", field="expert_imbalance",
-                              expected="a number >= 1 (1.0 = balanced)")
 
     @property
     def moe_dispatch_mode(self) -> str:

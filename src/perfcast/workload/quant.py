@@ -102,7 +102,7 @@ def _scheme(quant: dict[str, Any], source: str) -> tuple[str, str, str | None, l
                 or quant.get("exclude_modules") or ())
     if method == "fp8":
         block = quant.get("weight_block_size")
-        return ("fp8_block" if block else "fp8"), "fp8", None, skip
+        return ("fp8_block" if block else "fp8"), "fp8", _kv_scheme(quant, source), skip
     if method == "mxfp4":
         return "mxfp4", "", None, skip
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
@@ -121,10 +121,8 @@ def _scheme(quant: dict[str, Any], source: str) -> tuple[str, str, str | None, l
             raise UnsupportedModelError(f"quant_algo {algo!r} is not modelled", source=source,
                                         field="quantization.quant_algo",
                                         expected=" | ".join(table))
-        kv = quant.get("kv_cache_quant_algo")
-        kv_dt = {"FP8": "fp8", "INT8": "int8"}.get(str(kv).upper()) if kv else None
         w, a = table[algo]
-        return w, a, kv_dt, skip
+        return w, a, _kv_scheme(quant, source), skip
     if method == "compressed-tensors":
         return _compressed_tensors(quant, source, skip)
     raise UnsupportedModelError(f"quant_method {method!r} is not modelled", source=source,
@@ -156,9 +154,18 @@ def _compressed_tensors(quant: dict, source: str, skip: list[str]):
     first = next(iter(groups.values()))
     w = _ct_dtype(first.get("weights"), source, "weights")
     a = _ct_dtype(first.get("input_activations"), source, "input_activations")
-    kv_scheme = quant.get("kv_cache_scheme")
-    kv = _ct_dtype(kv_scheme, source, "kv_cache_scheme") if kv_scheme else None
-    return w or "bf16", a, kv, skip
+    return w or "bf16", a, _kv_scheme(quant, source), skip
+
+
+def _kv_scheme(quant: Mapping, source: str) -> str | None:
+    """KV-cache dtype a checkpoint declares: `kv_cache_quant_algo` (ModelOpt) or
+    `kv_cache_scheme` (compressed-tensors: a dict, or a name such as "FP8")."""
+    kv = quant.get("kv_cache_quant_algo") or quant.get("kv_cache_scheme")
+    if not kv:
+        return None
+    if isinstance(kv, Mapping):
+        return _ct_dtype(dict(kv), source, "kv_cache_scheme") or None
+    return parse_dtype(str(kv), source=source, field="kv_cache_quant_algo").value
 
 
 def precision_for_model(model: ModelSpec, *, linear_action: str | None = None,
@@ -168,7 +175,8 @@ def precision_for_model(model: ModelSpec, *, linear_action: str | None = None,
     act = model.weight_dtype
     weight, lin_act, kv = act, act, act
     overrides: dict[str, tuple[str, str]] = {}
-    quant = model.raw.get("quantization_config") or (model.quant_config or None)
+    # hf_quant_config.json (ModelOpt's own record) wins over the config.json copy
+    quant = model.quant_config or model.raw.get("quantization_config") or None
     if quant:
         w, a, kv_q, skip = _scheme(dict(quant), model.source)
         weight, lin_act = w, a or act

@@ -32,13 +32,43 @@ def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=Non
                          extra_bytes_read=width * dtype_bytes(act), replicas=replicas)
 
 
+def sequence_parallel(b: GraphBuilder) -> bool:
+    """Sequence parallelism: between blocks each TP rank holds 1/tp of the tokens."""
+    return b.plan.sp and b.plan.tp > 1
+
+
+def norm_rows(b: GraphBuilder, tokens: int) -> tuple[int, int]:
+    """(rows, replicas) of a residual-stream op: all tokens on every TP rank (replicated
+    work), or a 1/tp slice of them under sequence parallelism."""
+    tp = b.plan.tp
+    if sequence_parallel(b):
+        return -(-tokens // tp), 1
+    return tokens, tp
+
+
 def tp_all_reduce(b: GraphBuilder, group: str, tokens: int, width: int, tp: int, *, layers=None,
                   deps=(), stage: int = 0) -> str | None:
+    """Sum the TP partial outputs: an all-reduce, or under sequence parallelism a
+    reduce-scatter that leaves each rank its slice of tokens (`*.reduce_scatter`)."""
     if tp <= 1:
         return None
+    message = tokens * width * dtype_bytes(b.precision.activation)
+    if sequence_parallel(b):
+        return b.collective(group.rsplit(".", 1)[0] + ".reduce_scatter", "reduce_scatter",
+                            layers=layers, deps=deps, stage=stage, message_bytes=message,
+                            participants=tp)
     return b.collective(group, "all_reduce", layers=layers, deps=deps, stage=stage,
+                        message_bytes=message, participants=tp)
+
+
+def sp_all_gather(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=None,
+                  deps=(), stage: int = 0) -> str | None:
+    """Under sequence parallelism, gather the token slices before a TP block."""
+    if not sequence_parallel(b):
+        return None
+    return b.collective(group, "all_gather", layers=layers, deps=deps, stage=stage,
                         message_bytes=tokens * width * dtype_bytes(b.precision.activation),
-                        participants=tp)
+                        participants=b.plan.tp)
 
 
 def embedding(b: GraphBuilder, tokens: int, *, stage: int = 0) -> str:
@@ -70,8 +100,11 @@ def lm_head_logits(b: GraphBuilder, prefix: str, tokens: int, logits_tokens: int
     counted elsewhere (tied embedding, or an MTP module sharing the main LM head)."""
     m = b.model
     tp = b.plan.tp
-    norm = rms_norm(b, prefix + "norm", tokens, m.hidden_size, deps=deps, residual=True,
-                    stage=stage, replicas=tp)
+    rows, replicas = norm_rows(b, tokens)
+    norm = rms_norm(b, prefix + "norm", rows, m.hidden_size, deps=deps, residual=True,
+                    stage=stage, replicas=replicas)
+    norm = sp_all_gather(b, prefix + "sp_all_gather", logits_tokens, m.hidden_size,
+                         deps=(norm,), stage=stage) or norm
     local_vocab = -(-m.vocab_size // tp)
     head = b.gemm(prefix + "lm_head", logits_tokens, local_vocab, m.hidden_size, deps=(norm,),
                   weight_shards=1 if shared else tp, stage=stage,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import ConfigError, UnsupportedModelError
-from perfcast.workload.families.common import rms_norm
+from perfcast.workload.families.common import norm_rows, rms_norm, sp_all_gather
 from perfcast.workload.families.traits import LayerKind, layer_runs
 from perfcast.workload.graph import GraphBuilder
 
@@ -31,12 +31,18 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                   kind: LayerKind, attention: BlockFn, ffn: BlockFn) -> str:
     h = b.model.hidden_size
     tokens = b.local_batch.tokens
-    tp = b.plan.tp  # the residual stream is replicated on the TP ranks of a DP rank
-    norm1 = rms_norm(b, "attn.input_norm", tokens, h, layers=layers, deps=deps, stage=stage,
-                     replicas=tp)
+    # the residual stream is replicated on the TP ranks of a DP rank, or split by tokens
+    # under sequence parallelism (gathered before each block)
+    rows, replicas = norm_rows(b, tokens)
+    norm1 = rms_norm(b, "attn.input_norm", rows, h, layers=layers, deps=deps, stage=stage,
+                     replicas=replicas)
+    norm1 = sp_all_gather(b, "attn.sp_all_gather", tokens, h, layers=layers, deps=(norm1,),
+                          stage=stage) or norm1
     attn = attention(b, layers, (norm1,), stage, kind)
-    norm2 = rms_norm(b, "mlp.post_attn_norm", tokens, h, layers=layers, deps=(attn,),
-                     stage=stage, replicas=tp)
+    norm2 = rms_norm(b, "mlp.post_attn_norm", rows, h, layers=layers, deps=(attn,),
+                     stage=stage, replicas=replicas)
+    norm2 = sp_all_gather(b, "mlp.sp_all_gather", tokens, h, layers=layers, deps=(norm2,),
+                          stage=stage) or norm2
     return ffn(b, layers, (norm2,), stage, kind)
 
 
@@ -69,12 +75,16 @@ def mtp_modules(b: GraphBuilder, deps: tuple[str, ...], stage: int, kind: LayerK
     for i in range(n):
         layer = m.num_layers + i
         pre = f"mtp{i}."
-        en = rms_norm(b, pre + "enorm", tokens, m.hidden_size, deps=last, residual=False,
-                      stage=stage, replicas=b.plan.tp)
-        hn = rms_norm(b, pre + "hnorm", tokens, m.hidden_size, deps=last, residual=False,
-                      stage=stage, replicas=b.plan.tp)
-        eh = b.gemm(pre + "eh_proj", tokens, m.hidden_size, 2 * m.hidden_size, deps=(en, hn),
-                    stage=stage, weight_shards=1, replicas=b.plan.tp)
+        rows, replicas = norm_rows(b, tokens)
+        en = rms_norm(b, pre + "enorm", rows, m.hidden_size, deps=last, residual=False,
+                      stage=stage, replicas=replicas)
+        hn = rms_norm(b, pre + "hnorm", rows, m.hidden_size, deps=last, residual=False,
+                      stage=stage, replicas=replicas)
+        cat = sp_all_gather(b, pre + "sp_all_gather", tokens, 2 * m.hidden_size,
+                            deps=(en, hn), stage=stage)
+        eh = b.gemm(pre + "eh_proj", tokens, m.hidden_size, 2 * m.hidden_size,
+                    deps=(cat,) if cat else (en, hn), stage=stage, weight_shards=1,
+                    replicas=b.plan.tp)
         out = decoder_layer(b, (layer, layer), (eh,), stage, kind, attention, ffn)
         last = (lm_head_logits(b, pre, tokens, b.local_batch.num_requests, deps=(out,),
                                stage=stage),)

@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
-from perfcast.workload.families.common import check_divisible, tp_all_reduce
+from perfcast.workload.families.common import (
+    check_divisible,
+    norm_rows,
+    sequence_parallel,
+    tp_all_reduce,
+)
 from perfcast.workload.families.traits import ArchTraits, MoeSpec
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.tensors import TensorSpec
@@ -53,6 +58,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
             spec: MoeSpec, traits: ArchTraits) -> str:
     """Router, top-k gating, dispatch, routed experts, combine, shared experts."""
     m, plan = b.model, b.plan
+    plan.check_moe_layout()
     tp, dp, ep = plan.tp, plan.dp, plan.ep
     devices = plan.devices_per_stage
     moe_tp = plan.moe_tp_size
@@ -71,14 +77,16 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
                           field="moe_dispatch", expected="all_to_all or all_gather with dp > 1")
     act = b.precision.activation
     act_b = dtype_bytes(act)
-    t_rank = b.local_batch.tokens          # tokens of one DP rank, on each of its tp devices
-    t_all = t_rank * dp                    # tokens entering this MoE layer over the stage
+    t_rank = b.local_batch.tokens          # tokens of the busiest DP rank, on each of its tp
+    t_all = b.batch.tokens                 # tokens entering this MoE layer over the stage
+    t_pad = t_rank * dp                    # equal-size collective buffers over the DP ranks
     pairs = t_all * k / ep * plan.expert_imbalance   # routed rows on the busiest EP rank
     active = local_experts * (1.0 - (1.0 - k / e) ** t_all)
-    moe_axes = {"num_tokens": t_all, "hidden": h, "inter": spec.inter, "topk": k,
-                "num_experts": e, "ep": ep, "moe_tp": moe_tp, "local_experts": local_experts,
-                "tokens_per_rank": t_rank,
-                "distribution": "uniform" if plan.expert_imbalance == 1.0
+    # axis names of measured MoE tables (AIConfigurator moe_perf as perfcast imports it)
+    moe_axes = {"tokens": t_all, "hidden_size": h, "inter_size": spec.inter, "topk": k,
+                "num_experts": e, "moe_ep": ep, "moe_tp": moe_tp,
+                "local_experts": local_experts, "tokens_per_rank": t_rank,
+                "distribution": "balanced" if plan.expert_imbalance == 1.0
                 else f"imbalance_{plan.expert_imbalance:g}"}
 
     router_extra = {"bias_params": e} if traits.router_bias else None
@@ -96,13 +104,13 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
         t_src = t_rank / tp
         src_rows = t_src * k
     else:
-        t_src = t_rank if mode != "all_gather" else t_all
+        t_src = t_rank if mode != "all_gather" else t_pad
         src_rows = pairs
     last = gate
     if mode == "all_gather":
         last = b.collective("moe.dispatch_all_gather", "all_gather", layers=layers,
                             deps=(last,), stage=stage, participants=dp,
-                            message_bytes=t_all * h * act_b)
+                            message_bytes=t_pad * h * act_b)
     permute = b.elementwise(
         "moe.permute", "tensor_cast.init_routing_v2.default", "moe_permute",
         inputs=(TensorSpec((_ceil(t_src), h), act), TensorSpec((_ceil(t_src), k), "int32")),
@@ -119,7 +127,8 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
     experts = b.moe_experts(
         "moe.experts", pairs=pairs, hidden=h, inter_local=inter_l, local_experts=local_experts,
         active_local_experts=active, weight_shards=shards,
-        active_weight_params=k * per_expert / shards, bias=traits.expert_bias, layers=layers,
+        active_weight_params=k * per_expert / shards, bias=traits.expert_bias,
+        moe_tp=moe_tp, layers=layers,
         deps=(last,), stage=stage, axes=moe_axes)
     last = experts
     if mode == "all_to_all":
@@ -141,20 +150,23 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
     if mode == "all_gather":
         last = b.collective("moe.combine_reduce_scatter", "reduce_scatter", layers=layers,
                             deps=(last,), stage=stage, participants=devices,
-                            message_bytes=t_all * h * act_b)
-    if mode in ("all_gather", "all_to_all") and tp > 1:
+                            message_bytes=t_pad * h * act_b)
+    # under sequence parallelism the dp modes already leave each TP rank its token slice
+    sliced = sequence_parallel(b) and mode in ("all_gather", "all_to_all")
+    if mode in ("all_gather", "all_to_all") and tp > 1 and not sliced:
         last = b.collective("moe.tp_all_gather", "all_gather", layers=layers, deps=(last,),
                             stage=stage, participants=tp, message_bytes=t_rank * h * act_b)
     if shared is not None:
         # routed + shared output; under all_reduce dispatch both are TP partial sums
+        rows, replicas = norm_rows(b, t_rank) if sliced else (t_rank, tp)
         last = b.elementwise(
             "moe.add_shared", "aten.add.Tensor", "add",
-            inputs=(TensorSpec((t_rank, h), act), TensorSpec((t_rank, h), act)),
-            outputs=(TensorSpec((t_rank, h), act),), flops=t_rank * h, layers=layers,
-            deps=(last, shared), stage=stage, replicas=tp)
+            inputs=(TensorSpec((rows, h), act), TensorSpec((rows, h), act)),
+            outputs=(TensorSpec((rows, h), act),), flops=rows * h, layers=layers,
+            deps=(last, shared), stage=stage, replicas=replicas)
     if mode == "all_reduce":
-        last = b.collective("moe.all_reduce", "all_reduce", layers=layers, deps=(last,),
-                            stage=stage, participants=tp, message_bytes=t_rank * h * act_b)
+        last = tp_all_reduce(b, "moe.all_reduce", t_rank, h, tp, layers=layers, deps=(last,),
+                             stage=stage) or last
     return last
 
 

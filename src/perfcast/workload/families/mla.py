@@ -98,7 +98,7 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     weights_in_naive = "naive" in forms
     cache_per_token = (lora + rope) * dtype_bytes(kv_dt)
     mla_axes = {"kv_lora_rank": lora, "qk_rope_head_dim": rope, "qk_nope_head_dim": nope,
-                "head_dim": nope + rope, "v_head_dim": v}
+                "head_dim": nope + rope, "v_head_dim": v, "tp_size": tp}
     last: tuple[str, ...] = (cache,)
     done_naive = done_absorbed = False
     for i, (seg, form) in enumerate(zip(b.local_batch.segments, forms)):
