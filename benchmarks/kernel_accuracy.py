@@ -108,8 +108,8 @@ def run(args) -> None:
         for idx in pick:
             part, key, i = points[idx]
             line = part.lines[key]
-            row = int(line.rows[i][0])
-            measured = float(np.median(lat[line.rows[i]]))
+            row = int(line.rows_of(i)[0])
+            measured = float(np.median(lat[line.rows_of(i)]))
             facts = {k: v for k, v in part.fixed.items() if v is not TIED}
             for a, v in zip(spec.axes[1:], key):
                 facts[a.name] = int(v)

@@ -74,8 +74,8 @@ class PerformanceDatabase:
     """Immutable records + a digest. Build with `from_records`, `from_columns` or `load`."""
 
     def __init__(self, table: pa.Table, *, name: str = "",
-                 sources: Sequence[Mapping] = ()) -> None:
-        self.table = _normalise(table)
+                 sources: Sequence[Mapping] = (), _validated: bool = False) -> None:
+        self.table = _conform(table) if _validated else _normalise(table)
         self.name = name
         self.sources = tuple(dict(s) for s in sources)  # manifest only, not in the digest
         self._digest: str | None = None
@@ -132,7 +132,7 @@ class PerformanceDatabase:
             raise ValueError("concat needs at least one database")
         table = pa.concat_tables([d.table for d in databases], promote_options="default")
         return cls(table, name=name or databases[0].name,
-                   sources=[s for d in databases for s in d.sources])
+                   sources=[s for d in databases for s in d.sources], _validated=True)
 
     # reading ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -233,6 +233,17 @@ def _table_from_rows(rows: list[dict], columns: Sequence[str]) -> pa.Table:
             typ = pa.float64() if name == "latency_s" else pa.string()
         arrays[name] = pa.array([r.get(name) for r in rows], type=typ)
     return pa.table(arrays) if rows else _empty_table()
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """Already-validated parts (concat): only canonical column order and selector types."""
+    arrays = {}
+    for name in sorted(table.column_names):
+        col = table.column(name)
+        if name.startswith(SEL_PREFIX):
+            col = col.cast(SEL_ARROW[parse_selector_column(name)[1]])
+        arrays[name] = col
+    return pa.table(arrays)
 
 
 def _normalise(table: pa.Table) -> pa.Table:

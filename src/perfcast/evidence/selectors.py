@@ -36,6 +36,11 @@ _FNV_PRIME = 1099511628211
 
 
 def query_facts(query: CostQuery) -> dict[str, DimValue]:
+    """The query's dims plus its stated context (computed once per query object; callers
+    must not mutate the result)."""
+    cached = query.__dict__.get("_selector_facts")
+    if cached is not None:
+        return cached
     facts: dict[str, DimValue] = dict(query.dims)
     ctx = query.context
     for key in CONTEXT_KEYS:
@@ -43,6 +48,7 @@ def query_facts(query: CostQuery) -> dict[str, DimValue]:
             else getattr(ctx, key)
         if value:
             facts[key] = value
+    object.__setattr__(query, "_selector_facts", facts)
     return facts
 
 
@@ -100,15 +106,19 @@ class Partition:
                 words.append(int(value))
         return words
 
-    def lookup(self, words: list[int]) -> np.ndarray:
-        h = np.uint64(_hash_one(words))
-        lo = int(np.searchsorted(self.hashes, h, side="left"))
-        hi = int(np.searchsorted(self.hashes, h, side="right"))
-        if lo == hi:
-            return self.rows[:0]
-        target = np.asarray(words, dtype=np.int64)
-        ok = np.all(self.words[lo:hi] == target, axis=1)
-        return self.rows[lo:hi][ok]
+    def lookup(self, words: list[int]) -> list[int]:
+        """Rows whose selector words equal `words` (binary search on the hash)."""
+        h = _hash_one(words)
+        hashes = self.hashes
+        n = len(hashes)
+        lo = int(hashes.searchsorted(np.uint64(h)))
+        out = []
+        i = lo
+        while i < n and int(hashes[i]) == h:
+            if self.words[i].tolist() == words:
+                out.append(int(self.rows[i]))
+            i += 1
+        return out
 
 
 @dataclass
@@ -133,17 +143,25 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
 
 
 def _combine(codes, n: int) -> tuple[np.ndarray, list[int]]:
-    """Row -> id of its combination of codes (ids dense), and one row index per id."""
+    """Row -> id of its combination of codes (ids dense), and one row index per id.
+
+    Codes are combined in mixed radix; the key is compacted with np.unique only when the
+    next radix would overflow int64 (rarely), so this is one sort for most inputs."""
     key = np.zeros(n, dtype=np.int64)
+    span = 1
     for c in codes:
         c = np.asarray(c, dtype=np.int64)
-        key = key * (int(c.max()) + 2 if n else 1) + (c + 1)
-        _, key = np.unique(key, return_inverse=True)
-        key = key.reshape(-1).astype(np.int64)
+        radix = (int(c.max()) + 2) if n else 1
+        if span * radix >= 2 ** 62:
+            _, key = np.unique(key, return_inverse=True)
+            key = key.reshape(-1).astype(np.int64)
+            span = int(key.max()) + 1 if n else 1
+        key = key * radix + (c + 1)
+        span *= radix
     if not n:
         return key, []
-    _, first = np.unique(key, return_index=True)
-    return key, first.tolist()
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), first.tolist()
 
 
 @dataclass
