@@ -59,6 +59,16 @@ def _canonical_fields(cls: type) -> tuple[str, ...]:
 
 
 def _encode(value: Any, path: str, out: list[str]) -> None:
+    kind = type(value)  # exact-type fast paths for the common scalars
+    if kind is str:
+        out.append(_json_str(value))
+        return
+    if kind is float:
+        out.append(_float_token(value, path))
+        return
+    if kind is int:
+        out.append(str(value))
+        return
     if value is None:
         out.append("null")
     elif value is True:
@@ -115,10 +125,32 @@ def _encode(value: Any, path: str, out: list[str]) -> None:
             f"no canonical form for {type(value).__name__} at {path or '<root>'}")
 
 
+_LAYOUTS: dict[type, tuple[tuple[str | None, str], ...]] = {}
+
+
+def _layout(cls: type) -> tuple[tuple[str | None, str], ...]:
+    """(field name or None for "$type", text before its value) in sorted key order,
+    cached per class: the same bytes as encoding {**fields, "$type": name} as a mapping."""
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        items = []
+        for i, name in enumerate(sorted([*_canonical_fields(cls), "$type"])):
+            sep = "," if i else ""
+            if name == "$type":
+                items.append((None, f'{sep}"$type":{_json_str(cls.__name__)}'))
+            else:
+                items.append((name, f"{sep}{_json_str(name)}:"))
+        layout = _LAYOUTS[cls] = tuple(items)
+    return layout
+
+
 def _encode_dataclass(value: Any, path: str, out: list[str]) -> None:
-    fields = {name: getattr(value, name) for name in _canonical_fields(type(value))}
-    fields["$type"] = type(value).__name__
-    _encode_mapping(fields, path, out)
+    out.append("{")
+    for name, text in _layout(type(value)):
+        out.append(text)
+        if name is not None:
+            _encode(getattr(value, name), path + "." + name, out)
+    out.append("}")
 
 
 def _encode_mapping(mapping: Mapping, path: str, out: list[str]) -> None:

@@ -293,6 +293,12 @@ def _normalise(table: pa.Table) -> pa.Table:
     return table
 
 
+# String columns hashed as raw text; every other string column is hashed as its
+# dictionary (first-appearance order) and codes. The rule is fixed per column name, so
+# the digest depends on content only.
+_UNIQUE_STRING_COLUMNS = frozenset({"record_id"})
+
+
 def _table_digest(table: pa.Table) -> str:
     h = hashlib.sha256()
     h.update(FORMAT.encode() + b"\0")
@@ -303,12 +309,19 @@ def _table_digest(table: pa.Table) -> str:
         h.update(name.encode() + b"\0" + str(col.type).encode() + b"\0")
         valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
         h.update(valid.tobytes())
-        if pa.types.is_string(col.type):
+        if pa.types.is_string(col.type) and name in _UNIQUE_STRING_COLUMNS:
             col = col.fill_null("")
             offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[
                 col.offset:col.offset + len(col) + 1]
             h.update(np.asarray(offsets - offsets[0], dtype="<i8").tobytes())
             h.update(memoryview(col.buffers()[2])[offsets[0]:offsets[-1]])
+        elif pa.types.is_string(col.type):  # few distinct values: dictionary + codes
+            enc = col.dictionary_encode()
+            h.update(canonical_json(enc.dictionary.to_pylist()))
+            codes = enc.indices.fill_null(0).to_numpy()
+            width = "<u1" if len(enc.dictionary) < 256 else "<u2" \
+                if len(enc.dictionary) < 65536 else "<u4"
+            h.update(np.asarray(codes, dtype=width).tobytes())
         elif pa.types.is_boolean(col.type):
             h.update(np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False),
                                 dtype=np.uint8).tobytes())

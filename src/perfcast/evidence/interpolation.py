@@ -97,6 +97,9 @@ class Line:
     def rows_of(self, i: int) -> np.ndarray:
         return self.row_idx[self.offsets[i]:self.offsets[i + 1]]
 
+    def row_list(self, i: int) -> list[int]:
+        return self.row_idx[self.offsets[i]:self.offsets[i + 1]].tolist()
+
     def points(self, aligned: bool | None, dropped: int | None
                ) -> tuple[list[float], list[int] | None]:
         """(x values, their point indices or None for all) of one alignment class (or all
@@ -116,7 +119,7 @@ class Line:
             idx = [i for i in idx if i != dropped]
         elif aligned is None:
             return self.x.tolist(), None
-        return [float(self.x[i]) for i in idx], idx
+        return self.x[idx].tolist(), idx
 
     def point_of(self, row: int) -> int | None:
         hit = np.nonzero(self.row_idx == row)[0]
@@ -135,6 +138,7 @@ class InterpPartition:
     use_efficiency: bool
     other_values: list[np.ndarray]   # raw sorted unique values of axes[1:]
     other_t: list[list[float]]       # the same, transformed
+    other_list: list[list[float]] = field(default_factory=list)  # raw, as Python floats
     lines: dict[tuple, Line] = field(default_factory=dict)
 
     @property
@@ -245,7 +249,8 @@ def _make_partition(core, group, fixed, kinds, spec, rows, coords, latency, syst
     part = InterpPartition(core=core, group=group, fixed=fixed, kinds=kinds, spec=spec,
                            use_efficiency=use_eff, other_values=other_values,
                            other_t=[_FWD[a.transform](v).tolist()
-                                    for a, v in zip(others, other_values)])
+                                    for a, v in zip(others, other_values)],
+                           other_list=[v.astype(float).tolist() for v in other_values])
     if others:  # line id per row: combined codes of the other axes (1-D sorts only)
         codes = [np.searchsorted(v, coords[a.name]) for a, v in zip(others, other_values)]
         inv, firsts = _combine(codes, len(rows))
@@ -387,7 +392,7 @@ class InterpolatingProvider:
         distances: dict[str, float] = {}
         cell: dict[str, float] = {}
         any_extra = False
-        for axis, values, tv in zip(spec.axes[1:], part.other_values, part.other_t):
+        for axis, values, tv in zip(spec.axes[1:], part.other_list, part.other_t):
             t = _FWD1[axis.transform](facts[axis.name])
             b = _bracket(tv, t, extrap)
             if b is None:
@@ -396,18 +401,18 @@ class InterpolatingProvider:
             lo, hi, w, d, ex = b
             any_extra |= ex
             distances[axis.name] = self._distance(axis, d, tv)
-            cell[f"{axis.name}_lo"], cell[f"{axis.name}_hi"] = float(values[lo]), float(values[hi])
+            cell[axis.name + "_lo"], cell[axis.name + "_hi"] = values[lo], values[hi]
             brackets.append([(values[lo], 1.0 - w)] + ([(values[hi], w)] if hi != lo else []))
         line_axis = spec.axes[0]
         q0 = facts[line_axis.name]
         t0 = _FWD1[line_axis.transform](q0)
         q_aligned = bool(line_axis.align) and float(q0) % line_axis.align == 0
         y = 0.0
-        used: list[np.ndarray] = []
+        used: list[int] = []
         d0 = 0.0
         lo_x, hi_x = math.inf, -math.inf
         for combo in product(*brackets) if brackets else [()]:
-            key = tuple(float(v) for v, _ in combo)
+            key = tuple(v for v, _ in combo)
             weight = math.prod(w for _, w in combo)
             line = part.lines.get(key)
             if line is None:
@@ -431,13 +436,13 @@ class InterpolatingProvider:
             any_extra |= ex
             d0 = max(d0, d)
             y += weight * ((1.0 - w) * float(line.y[lo]) + w * float(line.y[hi]))
-            used.append(line.rows_of(lo))
+            used += line.row_list(lo)
             if hi != lo:
-                used.append(line.rows_of(hi))
+                used += line.row_list(hi)
             lo_x, hi_x = min(lo_x, float(line.x[lo])), max(hi_x, float(line.x[hi]))
         distances[line_axis.name] = self._distance(line_axis, d0, [lo_x, hi_x])
-        cell[f"{line_axis.name}_lo"] = _inverse(line_axis.transform, lo_x)
-        cell[f"{line_axis.name}_hi"] = _inverse(line_axis.transform, hi_x)
+        cell[line_axis.name + "_lo"] = _inverse(line_axis.transform, lo_x)
+        cell[line_axis.name + "_hi"] = _inverse(line_axis.transform, hi_x)
         if any_extra and max(distances.values()) > self.max_extrapolation:
             return Miss(f"extrapolation distance {max(distances.values()):.2f} exceeds "
                         f"{self.max_extrapolation}")
@@ -455,7 +460,7 @@ class InterpolatingProvider:
         if not math.isfinite(latency) or latency <= 0:
             return Miss(f"{'extrapolation' if any_extra else 'interpolation'} gives a "
                         f"non-positive latency ({latency:g})")
-        return latency, distances, any_extra, sorted({int(r) for u in used for r in u}), cell
+        return latency, distances, any_extra, sorted(set(used)), cell
 
     @staticmethod
     def _distance(axis: Axis, d: float, tv) -> float:
@@ -463,6 +468,12 @@ class InterpolatingProvider:
             return d / math.log(2.0)          # octaves
         span = float(tv[-1] - tv[0]) if len(tv) > 1 else 0.0
         return d / span if span > 0 else 0.0
+
+    def _static(self, part: InterpPartition) -> dict:
+        cached = part.__dict__.get("_static")
+        if cached is None:
+            cached = part.__dict__["_static"] = _static_texts(part)
+        return cached
 
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
         part = self.select(query)
@@ -481,17 +492,14 @@ class InterpolatingProvider:
             method, kind = EstimateMethod.INTERPOLATED, MatchKind.INTERPOLATED
             confidence, rel_std = min(0.9, max(0.3, 0.9 * math.exp(-0.5 * total))), \
                 0.05 + 0.1 * total
-        spec = part.spec
-        validity = {k: (f"={dict(spec.ties)[k]}" if v is TIED else v)
-                    for k, v in part.fixed.items()}
+        static = self._static(part)
+        validity = dict(static["validity"])
         validity.update(cell)
-        controlled = set(part.fixed) | {a.name for a in spec.axes}
+        controlled = static["controlled"]
         assumptions = [f"evidence does not control {k}={query.dims[k]!r}"
                        for k in sorted(query.dims) if k not in controlled]
-        target = "achieved fraction of roofline" if part.use_efficiency else "latency"
-        axes_txt = ", ".join(f"{a.transform} {a.name}" for a in spec.axes)
-        assumptions.append(f"{method.value} {target} ({spec.target_transform}) over {axes_txt}")
-        components = {f"distance_{k}": v for k, v in distances.items()}
+        assumptions.append(static[method])
+        components = {"distance_" + k: v for k, v in distances.items()}
         return CostEstimate(
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
             provider_revision=self.revision, source_revision=self._groups[part.group][1],
@@ -501,6 +509,20 @@ class InterpolatingProvider:
                                     sample_count=len(rows)),
             components=FrozenDict(components), assumptions=tuple(assumptions),
             bottleneck="measured", confidence=confidence)
+
+
+def _static_texts(part: InterpPartition) -> dict:
+    spec = part.spec
+    ties = dict(spec.ties)
+    target = "achieved fraction of roofline" if part.use_efficiency else "latency"
+    axes_txt = ", ".join(f"{a.transform} {a.name}" for a in spec.axes)
+    out: dict = {
+        "validity": {k: (f"={ties[k]}" if v is TIED else v) for k, v in part.fixed.items()},
+        "controlled": set(part.fixed) | {a.name for a in spec.axes},
+    }
+    for method in (EstimateMethod.INTERPOLATED, EstimateMethod.EXTRAPOLATED):
+        out[method] = f"{method.value} {target} ({spec.target_transform}) over {axes_txt}"
+    return out
 
 
 def _inverse(transform: str, t: float) -> float:
