@@ -35,6 +35,26 @@ _FNV_OFFSET = 1469598103934665603
 _FNV_PRIME = 1099511628211
 
 
+_CONTEXT_FACTS: dict[tuple[int, str], tuple[object, dict[str, DimValue]]] = {}
+
+
+def _context_facts(ctx, operation: str) -> dict[str, DimValue]:
+    key = (id(ctx), operation)
+    hit = _CONTEXT_FACTS.get(key)
+    if hit is not None and hit[0] is ctx:
+        return hit[1]
+    facts: dict[str, DimValue] = {}
+    for name in CONTEXT_KEYS:
+        value = ctx.implementation_for(operation) if name == "implementation" \
+            else getattr(ctx, name)
+        if value:
+            facts[name] = value
+    if len(_CONTEXT_FACTS) > 4096:
+        _CONTEXT_FACTS.clear()
+    _CONTEXT_FACTS[key] = (ctx, facts)
+    return facts
+
+
 def query_facts(query: CostQuery) -> dict[str, DimValue]:
     """The query's dims plus its stated context (computed once per query object; callers
     must not mutate the result)."""
@@ -42,12 +62,7 @@ def query_facts(query: CostQuery) -> dict[str, DimValue]:
     if cached is not None:
         return cached
     facts: dict[str, DimValue] = dict(query.dims)
-    ctx = query.context
-    for key in CONTEXT_KEYS:
-        value = ctx.implementation_for(query.operation) if key == "implementation" \
-            else getattr(ctx, key)
-        if value:
-            facts[key] = value
+    facts.update(_context_facts(query.context, query.operation))
     object.__setattr__(query, "_selector_facts", facts)
     return facts
 
