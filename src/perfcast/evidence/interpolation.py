@@ -92,6 +92,7 @@ class Line:
     y: np.ndarray                    # transformed target (median per x)
     row_idx: np.ndarray              # record rows grouped by point
     offsets: np.ndarray              # point i: row_idx[offsets[i]:offsets[i + 1]]
+    raw: np.ndarray                  # untransformed line-axis value per point
     classes: dict[bool, np.ndarray] | None = None  # aligned? -> point indices
 
     def rows_of(self, i: int) -> np.ndarray:
@@ -106,7 +107,9 @@ class Line:
         points when `aligned` is None), without the point `dropped`. Cached when nothing
         is dropped (the query path)."""
         if dropped is None:
-            cache = self.__dict__.setdefault("_point_cache", {})
+            cache = self.__dict__.get("_point_cache")
+            if cache is None:
+                cache = self.__dict__["_point_cache"] = {}
             hit = cache.get(aligned)
             if hit is None:
                 hit = cache[aligned] = self._points(aligned, None)
@@ -269,16 +272,15 @@ def _make_partition(core, group, fixed, kinds, spec, rows, coords, latency, syst
     for p in np.nonzero(ends - starts > 1)[0]:  # repeated samples: median
         point_y[p] = np.median(ys[starts[p]:ends[p]])
     point_x, point_line = xs[starts], inv_s[starts]
+    point_raw = coords[line_axis.name][order][starts]
     line_bounds = np.searchsorted(point_line, np.arange(len(uniq) + 1))
     if line_axis.align:
-        raw = np.round(np.exp(point_x) if line_axis.transform == "log" else
-                       point_x ** 2 if line_axis.transform == "sqrt" else point_x)
-        aligned = (raw % line_axis.align) == 0
+        aligned = (np.round(point_raw) % line_axis.align) == 0
     for li in range(len(uniq)):
         a, b = int(line_bounds[li]), int(line_bounds[li + 1])
         r0, r1 = int(starts[a]), int(ends[b - 1])
         line = Line(point_x[a:b], point_y[a:b], rows_s[r0:r1],
-                    np.append(starts[a:b] - r0, r1 - r0))
+                    np.append(starts[a:b] - r0, r1 - r0), point_raw[a:b])
         if line_axis.align:
             al = aligned[a:b]
             line.classes = {True: np.nonzero(al)[0], False: np.nonzero(~al)[0]}
@@ -411,6 +413,7 @@ class InterpolatingProvider:
         used: list[int] = []
         d0 = 0.0
         lo_x, hi_x = math.inf, -math.inf
+        lo_raw = hi_raw = 0.0
         for combo in product(*brackets) if brackets else [()]:
             key = tuple(v for v, _ in combo)
             weight = math.prod(w for _, w in combo)
@@ -439,21 +442,20 @@ class InterpolatingProvider:
             used += line.row_list(lo)
             if hi != lo:
                 used += line.row_list(hi)
-            lo_x, hi_x = min(lo_x, float(line.x[lo])), max(hi_x, float(line.x[hi]))
+            if line.x[lo] < lo_x:
+                lo_x, lo_raw = float(line.x[lo]), float(line.raw[lo])
+            if line.x[hi] > hi_x:
+                hi_x, hi_raw = float(line.x[hi]), float(line.raw[hi])
         distances[line_axis.name] = self._distance(line_axis, d0, [lo_x, hi_x])
-        cell[line_axis.name + "_lo"] = _inverse(line_axis.transform, lo_x)
-        cell[line_axis.name + "_hi"] = _inverse(line_axis.transform, hi_x)
+        cell[line_axis.name + "_lo"] = lo_raw
+        cell[line_axis.name + "_hi"] = hi_raw
         if any_extra and max(distances.values()) > self.max_extrapolation:
             return Miss(f"extrapolation distance {max(distances.values()):.2f} exceeds "
                         f"{self.max_extrapolation}")
         value = math.exp(y) if spec.target_transform == "log" else y
-        if part.use_efficiency:
+        if part.use_efficiency:  # the partition's fixed selectors served its records too
             axes = {a.name: float(facts[a.name]) for a in spec.axes}
-            fixed = {k: (facts[k] if v is not TIED else TIED) for k, v in part.fixed.items()}
-            for k in ("q_tokens", "kv_heads", "head_dim", "v_head_dim", "kv_dtype"):
-                if k not in fixed and k in facts:
-                    fixed[k] = facts[k]
-            roof = float(ROOFLINES[part.core[1]](axes, fixed, part.core[3], self.system))
+            roof = float(ROOFLINES[part.core[1]](axes, part.fixed, part.core[3], self.system))
             latency = roof / value
         else:
             latency = value
@@ -524,10 +526,3 @@ def _static_texts(part: InterpPartition) -> dict:
         out[method] = f"{method.value} {target} ({spec.target_transform}) over {axes_txt}"
     return out
 
-
-def _inverse(transform: str, t: float) -> float:
-    if transform == "log":
-        return float(f"{math.exp(t):.10g}")
-    if transform == "sqrt":
-        return float(t * t)
-    return float(t)
