@@ -352,9 +352,10 @@ class InterpolatingProvider:
             v = facts.get(a.name)
             if v is None or selector_type_name(v) not in ("int", "float") or v <= 0:
                 return Miss(f"query lacks a positive numeric {a.name}")
-        ties = [(facts.get(f), facts.get(lead)) for f, lead in spec.ties]
+        ties = tuple((type(facts.get(f)), facts.get(f) == facts.get(lead))
+                     for f, lead in spec.ties)  # only whether follower equals leader
         key = (core, tuple((k, type(facts.get(k)), facts.get(k))
-                           for k in self._fixed_keys.get(core, ())), repr(ties))
+                           for k in self._fixed_keys.get(core, ())), ties)
         found = self._selected.get(key)
         if found is None:
             try:
