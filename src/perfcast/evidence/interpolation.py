@@ -98,6 +98,14 @@ class Line:
     def rows_of(self, i: int) -> np.ndarray:
         return self.row_idx[self.offsets[i]:self.offsets[i + 1]]
 
+    def lists(self) -> tuple[list[float], list[float], list[float]]:
+        """(x, y, raw) as Python lists, cached (the query path indexes them)."""
+        cached = self.__dict__.get("_lists")
+        if cached is None:
+            cached = self.__dict__["_lists"] = (self.x.tolist(), self.y.tolist(),
+                                                self.raw.astype(float).tolist())
+        return cached
+
     def row_list(self, i: int) -> list[int]:
         return self.row_idx[self.offsets[i]:self.offsets[i + 1]].tolist()
 
@@ -439,14 +447,15 @@ class InterpolatingProvider:
                 lo, hi = pts[lo], pts[hi]
             any_extra |= ex
             d0 = max(d0, d)
-            y += weight * ((1.0 - w) * float(line.y[lo]) + w * float(line.y[hi]))
+            xl, yl, rl = line.lists()
+            y += weight * ((1.0 - w) * yl[lo] + w * yl[hi])
             used += line.row_list(lo)
             if hi != lo:
                 used += line.row_list(hi)
-            if line.x[lo] < lo_x:
-                lo_x, lo_raw = float(line.x[lo]), float(line.raw[lo])
-            if line.x[hi] > hi_x:
-                hi_x, hi_raw = float(line.x[hi]), float(line.raw[hi])
+            if xl[lo] < lo_x:
+                lo_x, lo_raw = xl[lo], rl[lo]
+            if xl[hi] > hi_x:
+                hi_x, hi_raw = xl[hi], rl[hi]
         distances[line_axis.name] = self._distance(line_axis, d0, [lo_x, hi_x])
         cell[line_axis.name + "_lo"] = lo_raw
         cell[line_axis.name + "_hi"] = hi_raw

@@ -28,9 +28,10 @@ from perfcast.evidence.database import (
     PerformanceDatabase,
     parse_selector_column,
 )
-from perfcast.evidence.records import CONTEXT_KEYS, selector_type_name
+from perfcast.evidence.records import CONTEXT_KEYS
 
 _MASK = (1 << 64) - 1
+_KIND = {bool: "bool", int: "int", float: "float", str: "str"}  # exact types only
 _FNV_OFFSET = 1469598103934665603
 _FNV_PRIME = 1099511628211
 
@@ -108,7 +109,7 @@ class Partition:
             if key not in facts:
                 return f"needs {key}"
             value = facts[key]
-            if selector_type_name(value) != kind:
+            if _KIND.get(type(value)) != kind:
                 return f"needs {key} as {kind}, query has {type(value).__name__}"
             if kind == "str":
                 code = codes.get(value)
