@@ -299,29 +299,50 @@ def _normalise(table: pa.Table) -> pa.Table:
 _UNIQUE_STRING_COLUMNS = frozenset({"record_id"})
 
 
+def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
+    """(int64 code per row, -1 for null; the distinct values), without concatenating
+    the chunks (copying a million strings costs more than encoding them)."""
+    chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
+    if chunked.num_chunks == 0:
+        return np.zeros(0, dtype=np.int64), []
+    enc = chunked.dictionary_encode().unify_dictionaries()
+    codes = np.concatenate([np.asarray(c.indices.fill_null(-1).to_numpy(), dtype=np.int64)
+                            for c in enc.chunks])
+    return codes, enc.chunks[0].dictionary.to_pylist()
+
+
+def _string_bytes(col: pa.ChunkedArray, h) -> None:
+    """Lengths of every value, then all the text: independent of chunking."""
+    chunks = [c.fill_null("") for c in col.chunks]
+    spans = []
+    for c in chunks:
+        offsets = np.frombuffer(c.buffers()[1], dtype=np.int32)[c.offset:c.offset + len(c) + 1]
+        h.update(np.diff(offsets).astype("<i8").tobytes())
+        spans.append((c, int(offsets[0]), int(offsets[-1])))
+    for c, start, end in spans:
+        h.update(memoryview(c.buffers()[2])[start:end] if end > start else b"")
+
+
 def _table_digest(table: pa.Table) -> str:
     h = hashlib.sha256()
     h.update(FORMAT.encode() + b"\0")
     h.update(str(table.num_rows).encode() + b"\0")
     for name in table.column_names:  # already sorted by _normalise
         col = table.column(name)
-        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         h.update(name.encode() + b"\0" + str(col.type).encode() + b"\0")
         valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
         h.update(valid.tobytes())
         if pa.types.is_string(col.type) and name in _UNIQUE_STRING_COLUMNS:
-            col = col.fill_null("")
-            offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[
-                col.offset:col.offset + len(col) + 1]
-            h.update(np.asarray(offsets - offsets[0], dtype="<i8").tobytes())
-            h.update(memoryview(col.buffers()[2])[offsets[0]:offsets[-1]])
-        elif pa.types.is_string(col.type):  # few distinct values: dictionary + codes
-            enc = col.dictionary_encode()
-            h.update(canonical_json(enc.dictionary.to_pylist()))
-            codes = enc.indices.fill_null(0).to_numpy()
-            width = "<u1" if len(enc.dictionary) < 256 else "<u2" \
-                if len(enc.dictionary) < 65536 else "<u4"
-            h.update(np.asarray(codes, dtype=width).tobytes())
+            _string_bytes(col, h)
+        elif pa.types.is_string(col.type):  # few distinct values: sorted dictionary + codes
+            codes, values = dictionary_codes(col)
+            order = sorted(range(len(values)), key=values.__getitem__)
+            rank = np.empty(len(values) + 1, dtype=np.int64)
+            rank[np.asarray(order, dtype=np.int64)] = np.arange(len(values))
+            rank[-1] = 0  # nulls (code -1); validity is hashed above
+            h.update(canonical_json(sorted(values)))
+            width = "<u1" if len(values) < 256 else "<u2" if len(values) < 65536 else "<u4"
+            h.update(rank[codes].astype(width).tobytes())
         elif pa.types.is_boolean(col.type):
             h.update(np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False),
                                 dtype=np.uint8).tobytes())
@@ -329,4 +350,3 @@ def _table_digest(table: pa.Table) -> str:
             dt = "<i8" if pa.types.is_integer(col.type) else "<f8"
             h.update(np.asarray(col.fill_null(0).to_numpy(), dtype=dt).tobytes())
     return "sha256:" + h.hexdigest()
-

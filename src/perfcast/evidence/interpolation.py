@@ -341,7 +341,7 @@ class InterpolatingProvider:
         self._fixed_keys = {core: tuple(sorted({k for p in parts for k in p.fixed}))
                             for core, parts in self.partitions.items()}
         self._selected: dict[tuple, InterpPartition | Miss | Exception] = {}
-        self._record_ids = database.table.column("record_id").combine_chunks()
+        self._record_ids = database.table.column("record_id")  # chunked: no copy
         self._groups = row_codes(database).groups
 
     def supports(self, query: CostQuery) -> bool | Miss:

@@ -34,7 +34,7 @@ class PerformanceDatabaseProvider:
         self.name = name
         self.revision = database.digest
         self.index = build_index(database)
-        self._record_ids = database.table.column("record_id").combine_chunks()
+        self._record_ids = database.table.column("record_id")  # chunked: no copy
 
     def supports(self, query: CostQuery) -> bool | Miss:
         if self.index.candidates(query) is None:

@@ -26,6 +26,7 @@ from perfcast.evidence.database import (
     CORE_COLUMNS,
     PROVENANCE_COLUMNS,
     PerformanceDatabase,
+    dictionary_codes,
     parse_selector_column,
 )
 from perfcast.evidence.records import CONTEXT_KEYS
@@ -152,10 +153,7 @@ class SelectorIndex:
 
 
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    enc = col.dictionary_encode()
-    return np.asarray(enc.indices.fill_null(-1).to_numpy(), dtype=np.int64), \
-        enc.dictionary.to_pylist()
+    return dictionary_codes(column)
 
 
 def _combine(codes, n: int) -> tuple[np.ndarray, list[int]]:
@@ -229,7 +227,7 @@ def row_codes(db: PerformanceDatabase) -> RowCodes:
     code_values: list[list | None] = []
     for j, name in enumerate(sel_cols):
         _, kind = parse_selector_column(name)
-        col = table.column(name).combine_chunks()
+        col = table.column(name)
         valid_all[:, j] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         values = None
         if kind == "str":
