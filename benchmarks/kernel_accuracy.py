@@ -107,7 +107,7 @@ def run(args) -> None:
         spec = SPECS[op]
         for idx in pick:
             part, key, i = points[idx]
-            line = part.lines[key]
+            line = part.line(key)
             row = int(line.rows_of(i)[0])
             measured = float(np.median(lat[line.rows_of(i)]))
             facts = {k: v for k, v in part.fixed.items() if v is not TIED}

@@ -150,11 +150,36 @@ class InterpPartition:
     other_values: list[np.ndarray]   # raw sorted unique values of axes[1:]
     other_t: list[list[float]]       # the same, transformed
     other_list: list[list[float]] = field(default_factory=list)  # raw, as Python floats
-    lines: dict[tuple, Line] = field(default_factory=dict)
+    # line key (values of axes[1:]) -> (first, end) point index; Line objects are made on
+    # first use from the partition-wide point arrays below
+    line_slices: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    arrays: tuple = ()               # (point_x, point_y, point_raw, point_starts, rows, aligned)
+    _made: dict[tuple, Line] = field(default_factory=dict)
 
     @property
     def specificity(self) -> int:
         return len(self.fixed)
+
+    def line(self, key: tuple) -> Line | None:
+        made = self._made.get(key)
+        if made is None:
+            bounds = self.line_slices.get(key)
+            if bounds is None:
+                return None
+            a, b = bounds
+            px, py, praw, starts, rows, aligned = self.arrays
+            r0, r1 = int(starts[a]), int(starts[b])
+            made = Line(px[a:b], py[a:b], rows[r0:r1], starts[a:b + 1] - r0, praw[a:b])
+            if aligned is not None:
+                al = aligned[a:b]
+                made.classes = {True: np.nonzero(al)[0], False: np.nonzero(~al)[0]}
+            self._made[key] = made
+        return made
+
+    @property
+    def lines(self) -> dict[tuple, Line]:
+        """Every line (materialises them all: for inspection and benchmarks)."""
+        return {key: self.line(key) for key in self.line_slices}
 
     def matches(self, facts: dict[str, DimValue]) -> bool:
         ties = dict(self.spec.ties)
@@ -276,23 +301,17 @@ def _make_partition(core, group, fixed, kinds, spec, rows, coords, latency, syst
     new[1:] = (inv_s[1:] != inv_s[:-1]) | (xs[1:] != xs[:-1])
     starts = np.nonzero(new)[0]
     ends = np.append(starts[1:], n)
-    point_y = ys[starts].copy()
+    point_y = ys[starts].copy()  # one value per point
     for p in np.nonzero(ends - starts > 1)[0]:  # repeated samples: median
         point_y[p] = np.median(ys[starts[p]:ends[p]])
     point_x, point_line = xs[starts], inv_s[starts]
     point_raw = coords[line_axis.name][order][starts]
-    line_bounds = np.searchsorted(point_line, np.arange(len(uniq) + 1))
-    if line_axis.align:
-        aligned = (np.round(point_raw) % line_axis.align) == 0
-    for li in range(len(uniq)):
-        a, b = int(line_bounds[li]), int(line_bounds[li + 1])
-        r0, r1 = int(starts[a]), int(ends[b - 1])
-        line = Line(point_x[a:b], point_y[a:b], rows_s[r0:r1],
-                    np.append(starts[a:b] - r0, r1 - r0), point_raw[a:b])
-        if line_axis.align:
-            al = aligned[a:b]
-            line.classes = {True: np.nonzero(al)[0], False: np.nonzero(~al)[0]}
-        part.lines[tuple(float(v) for v in uniq[li])] = line
+    line_bounds = np.searchsorted(point_line, np.arange(len(uniq) + 1)).tolist()
+    aligned = (np.round(point_raw) % line_axis.align) == 0 if line_axis.align else None
+    part.arrays = (point_x, point_y, point_raw, np.append(starts, n), rows_s, aligned)
+    keys = map(tuple, uniq.astype(float).tolist())
+    part.line_slices = {key: (line_bounds[li], line_bounds[li + 1])
+                        for li, key in enumerate(keys)}
     return part
 
 
@@ -426,7 +445,7 @@ class InterpolatingProvider:
         for combo in product(*brackets) if brackets else [()]:
             key = tuple(v for v, _ in combo)
             weight = math.prod(w for _, w in combo)
-            line = part.lines.get(key)
+            line = part.line(key)
             if line is None:
                 return Miss("no measurements on the line " + ", ".join(
                     f"{a.name}={v:g}" for a, v in zip(spec.axes[1:], key)))
