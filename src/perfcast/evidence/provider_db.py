@@ -72,9 +72,10 @@ class PerformanceDatabaseProvider:
             uniq = list(dict.fromkeys(reasons))
             more = f" (+{len(uniq) - 3} more)" if len(uniq) > 3 else ""
             return Miss("; ".join(uniq[:3]) + more or "no matching record")
-        rows = [r for _, rs in matches for r in rs]
+        rows = matches[0][1] if len(matches) == 1 else [r for _, rs in matches for r in rs]
         group_of_row = self.index.group_of_row
-        group_ids = {int(group_of_row[r]) for r in rows}
+        group_ids = {int(group_of_row[rows[0]])} if len(rows) == 1 else \
+            {int(group_of_row[r]) for r in rows}
         if len(group_ids) > 1:
             groups = [self.index.groups[g] for g in sorted(group_ids)]
             desc = "; ".join(f"{g[0]}@{g[1]} ({g[5]}, file {g[4][:19]})" for g in groups)
@@ -84,11 +85,15 @@ class PerformanceDatabaseProvider:
                 "implementation that tells them apart, or load only one of them")
         group = self.index.groups[group_ids.pop()]
         lat = self.index.latency_s
-        samples = sorted(float(lat[r]) for r in rows)
-        n = len(samples)
-        median = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
-        mean = sum(samples) / n
-        spread = math.sqrt(sum((x - mean) ** 2 for x in samples) / n) if n > 1 else 0.0
+        n = len(rows)
+        if n == 1:
+            samples = [float(lat[rows[0]])]
+            median, spread = samples[0], 0.0
+        else:
+            samples = sorted(float(lat[r]) for r in rows)
+            median = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+            mean = sum(samples) / n
+            spread = math.sqrt(sum((x - mean) ** 2 for x in samples) / n)
         selector = {k: facts[k] for k, _ in matches[0][0].keys}
         uncontrolled = sorted(k for k in query.dims if k not in selector)
         assumptions = tuple(f"evidence does not control {k}={query.dims[k]!r}"
