@@ -10,6 +10,7 @@ Each query goes through the resolver (database -> interpolation -> roofline).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     cols = {c: tab.column(c).take(pick).to_pylist()
             for c in ("dtype", "sel.int.m", "sel.int.n", "sel.int.k", "sel.str.runtime",
                       "sel.str.runtime_revision", "sel.str.implementation")}
+    # like `perfcast evidence query --queries`: build and resolve inside batch_gc
+    gc_scope = contextlib.nullcontext() if args.default_gc else batch_gc()
+    gc_scope.__enter__()
     off_grid = rng.random(args.queries) < args.off_grid
     jitter = np.exp(rng.uniform(-0.3, 0.3, size=args.queries))
     contexts: dict[tuple, CostQueryContext] = {}
@@ -76,12 +80,9 @@ def main(argv: list[str] | None = None) -> None:
 
         prof = cProfile.Profile()
         prof.enable()
-    if args.default_gc:
-        methods = Counter(resolver.resolve(q).estimate.method.value for q in queries)
-    else:
-        with batch_gc():  # what `perfcast evidence query --queries` does
-            methods = Counter(resolver.resolve(q).estimate.method.value for q in queries)
+    methods = Counter(resolver.resolve(q).estimate.method.value for q in queries)
     t4 = time.perf_counter()
+    gc_scope.__exit__(None, None, None)
     if args.profile:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
