@@ -19,7 +19,7 @@ import numpy as np
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostQuery, CostQueryContext, CostSubject
 from perfcast.evidence.importers.aiconfigurator import import_system
-from perfcast.evidence.interpolation import SPECS, Axis, InterpolatingProvider, _inverse
+from perfcast.evidence.interpolation import SPECS, Axis, InterpolatingProvider
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.evidence.work_model import TIED
 from perfcast.hardware import load_system
@@ -107,14 +107,13 @@ def run(args) -> None:
         spec = SPECS[op]
         for idx in pick:
             part, key, i = points[idx]
-            line = part.lines[key]
-            row = int(line.rows[i][0])
-            measured = float(np.median(lat[line.rows[i]]))
+            line = part.line(key)
+            row = int(line.rows_of(i)[0])
+            measured = float(np.median(lat[line.rows_of(i)]))
             facts = {k: v for k, v in part.fixed.items() if v is not TIED}
             for a, v in zip(spec.axes[1:], key):
                 facts[a.name] = int(v)
-            facts[spec.axes[0].name] = int(round(_inverse(spec.axes[0].transform,
-                                                          float(line.x[i]))))
+            facts[spec.axes[0].name] = int(line.raw[i])
             for follower, leader in spec.ties:
                 if part.fixed.get(follower) is TIED:
                     facts[follower] = facts[leader]

@@ -123,3 +123,30 @@ def test_estimate_uses_measured_attention(store):
     plain = json.loads(run("estimate", "meta-llama/Llama-3.1-8B", "--num-queries", "2",
                            "--query-length", "1024", "--format", "json").output)
     assert all(op["provider"] in ("roofline", "collective_model") for op in plain["ops"])
+
+
+def test_import_vidur_and_table_then_coverage(tmp_path):
+    vidur = Path(__file__).parents[1] / "fixtures" / "vidur" / "h100_Llama-2-7b-hf_mlp.csv"
+    out = run("evidence", "import", "vidur", vidur, "--system", "h100_sxm", "--dtype", "fp16",
+              "--store", tmp_path)
+    assert out.exit_code == 0, out.output
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: lab\nsubject: operator\nsource: lab\nsource_revision: r1\n"
+                    "method: measured\nlatency_column: t_us\nlatency_unit: us\n"
+                    "operation: gemm\nhardware: h100_sxm\ndatatype: bf16\n"
+                    "selector_columns: {m: M, n: N, k: K}\n"
+                    "selector_types: {m: int, n: int, k: int}\n")
+    table = tmp_path / "lab.csv"
+    table.write_text("M,N,K,t_us\n64,4096,4096,12.5\n128,4096,4096,13.0\n")
+    out = run("evidence", "import", "table", table, "--spec", spec, "--store", tmp_path)
+    assert out.exit_code == 0, out.output
+    digest = out.output.split()[0]
+    cov = json.loads(run("evidence", "coverage", digest[7:15], "--store", tmp_path,
+                         "--format", "json").output)
+    assert cov[0].pop("latency_s") == pytest.approx([12.5e-6, 13.0e-6])
+    assert cov == [{"operation": "gemm", "hardware": "h100_sxm", "dtype": "bf16", "rows": 2,
+                    "axes": {"k": [4096, 4096], "m": [64, 128], "n": [4096, 4096]}}]
+    assert len(digest_of(tmp_path)) == 2
+    bad = run("evidence", "import", "table", table, "--spec", tmp_path / "nope.yaml",
+              "--store", tmp_path)
+    assert bad.exit_code == 2 and "nope.yaml" in bad.output

@@ -133,7 +133,7 @@ def test_leave_one_out_on_real_h100_gemm_is_within_ten_percent(real, m, dtype):
     query = gemm_query(m, 4096, 4096, dtype="bf16" if dtype == "bfloat16" else "fp8",
                        runtime="vllm", revision="0.19.0", implementation="vllm_default")
     part = real.select(query)
-    row = next(int(r[0]) for line in part.lines.values() for r in line.rows
-               if real.database.record_at(int(r[0])).selector["m"] == m)
+    row = next(int(r) for line in part.lines.values() for r in line.row_idx
+               if real.database.record_at(int(r)).selector["m"] == m)
     latency = real.predict(part, query_facts(query), exclude_row=row)[0]
     assert latency == pytest.approx(measured["latency"] * 1e-3, rel=0.10)

@@ -153,7 +153,7 @@ def query_command(
 ) -> None:
     """Resolve queries through database -> interpolation -> roofline/collective model."""
     from perfcast.estimate import make_resolver
-    from perfcast.evidence.chain import evidence_providers, resolution_json
+    from perfcast.evidence.chain import batch_gc, evidence_providers, resolution_json
     from perfcast.evidence.query_spec import build_query, parse_dim
     from perfcast.evidence.store import open_evidence
     from perfcast.hardware import load_system
@@ -185,15 +185,17 @@ def query_command(
     except OSError as exc:
         print(f"error: {queries}: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            spec = json.loads(line)
-            out = resolution_json(resolver.resolve(build_query(spec, source=f"{queries}:{i}")))
-        except (PerfcastError, json.JSONDecodeError, TypeError, ValueError) as exc:
-            failures += 1
-            out = {"line": i, "error": f"{type(exc).__name__}: {exc}"}
-        typer.echo(json.dumps(out, separators=(",", ":")))
+    with batch_gc():
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                spec = json.loads(line)
+                res = resolver.resolve(build_query(spec, source=f"{queries}:{i}"))
+                out = resolution_json(res)
+            except (PerfcastError, json.JSONDecodeError, TypeError, ValueError) as exc:
+                failures += 1
+                out = {"line": i, "error": f"{type(exc).__name__}: {exc}"}
+            sys.stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
     if failures:
         raise typer.Exit(1)

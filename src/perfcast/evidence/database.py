@@ -74,8 +74,8 @@ class PerformanceDatabase:
     """Immutable records + a digest. Build with `from_records`, `from_columns` or `load`."""
 
     def __init__(self, table: pa.Table, *, name: str = "",
-                 sources: Sequence[Mapping] = ()) -> None:
-        self.table = _normalise(table)
+                 sources: Sequence[Mapping] = (), _validated: bool = False) -> None:
+        self.table = _conform(table) if _validated else _normalise(table)
         self.name = name
         self.sources = tuple(dict(s) for s in sources)  # manifest only, not in the digest
         self._digest: str | None = None
@@ -132,7 +132,7 @@ class PerformanceDatabase:
             raise ValueError("concat needs at least one database")
         table = pa.concat_tables([d.table for d in databases], promote_options="default")
         return cls(table, name=name or databases[0].name,
-                   sources=[s for d in databases for s in d.sources])
+                   sources=[s for d in databases for s in d.sources], _validated=True)
 
     # reading ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -235,6 +235,17 @@ def _table_from_rows(rows: list[dict], columns: Sequence[str]) -> pa.Table:
     return pa.table(arrays) if rows else _empty_table()
 
 
+def _conform(table: pa.Table) -> pa.Table:
+    """Already-validated parts (concat): only canonical column order and selector types."""
+    arrays = {}
+    for name in sorted(table.column_names):
+        col = table.column(name)
+        if name.startswith(SEL_PREFIX):
+            col = col.cast(SEL_ARROW[parse_selector_column(name)[1]])
+        arrays[name] = col
+    return pa.table(arrays)
+
+
 def _normalise(table: pa.Table) -> pa.Table:
     """Check the schema and values; return the table with canonical types, sorted columns."""
     missing = [c for c in (*STRING_COLUMNS, "latency_s") if c not in table.column_names]
@@ -282,22 +293,56 @@ def _normalise(table: pa.Table) -> pa.Table:
     return table
 
 
+# String columns hashed as raw text; every other string column is hashed as its
+# dictionary (first-appearance order) and codes. The rule is fixed per column name, so
+# the digest depends on content only.
+_UNIQUE_STRING_COLUMNS = frozenset({"record_id"})
+
+
+def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
+    """(int64 code per row, -1 for null; the distinct values), without concatenating
+    the chunks (copying a million strings costs more than encoding them)."""
+    chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
+    if chunked.num_chunks == 0:
+        return np.zeros(0, dtype=np.int64), []
+    enc = chunked.dictionary_encode().unify_dictionaries()
+    codes = np.concatenate([np.asarray(c.indices.fill_null(-1).to_numpy(), dtype=np.int64)
+                            for c in enc.chunks])
+    return codes, enc.chunks[0].dictionary.to_pylist()
+
+
+def _string_bytes(col: pa.ChunkedArray, h) -> None:
+    """Lengths of every value, then all the text: independent of chunking."""
+    chunks = [c.fill_null("") for c in col.chunks]
+    spans = []
+    for c in chunks:
+        offsets = np.frombuffer(c.buffers()[1], dtype=np.int32)[c.offset:c.offset + len(c) + 1]
+        h.update(np.diff(offsets).astype("<i8").tobytes())
+        spans.append((c, int(offsets[0]), int(offsets[-1])))
+    for c, start, end in spans:
+        h.update(memoryview(c.buffers()[2])[start:end] if end > start else b"")
+
+
 def _table_digest(table: pa.Table) -> str:
     h = hashlib.sha256()
     h.update(FORMAT.encode() + b"\0")
     h.update(str(table.num_rows).encode() + b"\0")
     for name in table.column_names:  # already sorted by _normalise
         col = table.column(name)
-        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         h.update(name.encode() + b"\0" + str(col.type).encode() + b"\0")
         valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
         h.update(valid.tobytes())
-        if pa.types.is_string(col.type):
-            col = col.fill_null("")
-            offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[
-                col.offset:col.offset + len(col) + 1]
-            h.update(np.asarray(offsets - offsets[0], dtype="<i8").tobytes())
-            h.update(memoryview(col.buffers()[2])[offsets[0]:offsets[-1]])
+        if pa.types.is_string(col.type) and name in _UNIQUE_STRING_COLUMNS:
+            _string_bytes(col, h)
+        elif pa.types.is_string(col.type):  # few distinct values: sorted dictionary + codes
+            codes, values = dictionary_codes(col)
+            order = sorted(range(len(values)), key=values.__getitem__)
+            rank = np.empty(len(values) + 1, dtype=np.int64)
+            rank[np.asarray(order, dtype=np.int64)] = np.arange(len(values))
+            rank[-1] = 0  # nulls (code -1); validity is hashed above
+            h.update(canonical_json(sorted(values)))
+            width = "<u1" if len(values) < 256 else "<u2" if len(values) < 65536 else "<u4"
+            h.update(rank[codes].astype(width).tobytes())
         elif pa.types.is_boolean(col.type):
             h.update(np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False),
                                 dtype=np.uint8).tobytes())
@@ -305,4 +350,3 @@ def _table_digest(table: pa.Table) -> str:
             dt = "<i8" if pa.types.is_integer(col.type) else "<f8"
             h.update(np.asarray(col.fill_null(0).to_numpy(), dtype=dt).tobytes())
     return "sha256:" + h.hexdigest()
-

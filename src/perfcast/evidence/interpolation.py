@@ -24,6 +24,7 @@ nearest measurement per axis, and the record ids used.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import product
 
@@ -50,6 +51,7 @@ from perfcast.hardware.model import System
 POLICIES = ("interpolate", "extrapolate")
 _TIED_WORD = -(2 ** 62)
 _FWD = {"log": np.log, "sqrt": np.sqrt, "linear": lambda x: x}
+_FWD1 = {"log": math.log, "sqrt": math.sqrt, "linear": float}  # one float
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,53 @@ SPECS: dict[str, InterpolationSpec] = {
 class Line:
     x: np.ndarray                    # transformed line-axis coordinates, sorted, unique
     y: np.ndarray                    # transformed target (median per x)
-    rows: list[np.ndarray]           # record rows per x
-    aligned: np.ndarray | None = None  # per x: raw value is a multiple of the axis' align
+    row_idx: np.ndarray              # record rows grouped by point
+    offsets: np.ndarray              # point i: row_idx[offsets[i]:offsets[i + 1]]
+    raw: np.ndarray                  # untransformed line-axis value per point
+    classes: dict[bool, np.ndarray] | None = None  # aligned? -> point indices
+
+    def rows_of(self, i: int) -> np.ndarray:
+        return self.row_idx[self.offsets[i]:self.offsets[i + 1]]
+
+    def lists(self) -> tuple[list[float], list[float], list[float]]:
+        """(x, y, raw) as Python lists, cached (the query path indexes them)."""
+        cached = self.__dict__.get("_lists")
+        if cached is None:
+            cached = self.__dict__["_lists"] = (self.x.tolist(), self.y.tolist(),
+                                                self.raw.astype(float).tolist())
+        return cached
+
+    def row_list(self, i: int) -> list[int]:
+        return self.row_idx[self.offsets[i]:self.offsets[i + 1]].tolist()
+
+    def points(self, aligned: bool | None, dropped: int | None
+               ) -> tuple[list[float], list[int] | None]:
+        """(x values, their point indices or None for all) of one alignment class (or all
+        points when `aligned` is None), without the point `dropped`. Cached when nothing
+        is dropped (the query path)."""
+        if dropped is None:
+            cache = self.__dict__.get("_point_cache")
+            if cache is None:
+                cache = self.__dict__["_point_cache"] = {}
+            hit = cache.get(aligned)
+            if hit is None:
+                hit = cache[aligned] = self._points(aligned, None)
+            return hit
+        return self._points(aligned, dropped)
+
+    def _points(self, aligned, dropped):
+        idx = list(range(len(self.x))) if aligned is None else self.classes[aligned].tolist()
+        if dropped is not None:
+            idx = [i for i in idx if i != dropped]
+        elif aligned is None:
+            return self.x.tolist(), None
+        return self.x[idx].tolist(), idx
+
+    def point_of(self, row: int) -> int | None:
+        hit = np.nonzero(self.row_idx == row)[0]
+        if not len(hit):
+            return None
+        return int(np.searchsorted(self.offsets, hit[0], side="right") - 1)
 
 
 @dataclass
@@ -101,11 +148,38 @@ class InterpPartition:
     spec: InterpolationSpec
     use_efficiency: bool
     other_values: list[np.ndarray]   # raw sorted unique values of axes[1:]
-    lines: dict[tuple, Line] = field(default_factory=dict)
+    other_t: list[list[float]]       # the same, transformed
+    other_list: list[list[float]] = field(default_factory=list)  # raw, as Python floats
+    # line key (values of axes[1:]) -> (first, end) point index; Line objects are made on
+    # first use from the partition-wide point arrays below
+    line_slices: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    arrays: tuple = ()               # (point_x, point_y, point_raw, point_starts, rows, aligned)
+    _made: dict[tuple, Line] = field(default_factory=dict)
 
     @property
     def specificity(self) -> int:
         return len(self.fixed)
+
+    def line(self, key: tuple) -> Line | None:
+        made = self._made.get(key)
+        if made is None:
+            bounds = self.line_slices.get(key)
+            if bounds is None:
+                return None
+            a, b = bounds
+            px, py, praw, starts, rows, aligned = self.arrays
+            r0, r1 = int(starts[a]), int(starts[b])
+            made = Line(px[a:b], py[a:b], rows[r0:r1], starts[a:b + 1] - r0, praw[a:b])
+            if aligned is not None:
+                al = aligned[a:b]
+                made.classes = {True: np.nonzero(al)[0], False: np.nonzero(~al)[0]}
+            self._made[key] = made
+        return made
+
+    @property
+    def lines(self) -> dict[tuple, Line]:
+        """Every line (materialises them all: for inspection and benchmarks)."""
+        return {key: self.line(key) for key in self.line_slices}
 
     def matches(self, facts: dict[str, DimValue]) -> bool:
         ties = dict(self.spec.ties)
@@ -202,62 +276,63 @@ def build_partitions(db: PerformanceDatabase, system: System | None,
 def _make_partition(core, group, fixed, kinds, spec, rows, coords, latency, system):
     op = core[1]
     use_eff = spec.target == "efficiency" and system is not None and op in ROOFLINES
-    if use_eff:
-        roof = ROOFLINES[op](coords, fixed, core[3], system)
-        target = roof / latency
-    else:
-        target = latency
+    target = ROOFLINES[op](coords, fixed, core[3], system) / latency if use_eff else latency
     y_all = np.log(target) if spec.target_transform == "log" else target
     line_axis = spec.axes[0]
     x_all = _FWD[line_axis.transform](coords[line_axis.name])
-    others = [a.name for a in spec.axes[1:]]
-    other_values = [np.unique(coords[a]) for a in others]
-    if others:
-        stacked = np.stack([coords[a] for a in others], axis=1)
-        uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
+    others = spec.axes[1:]
+    other_values = [np.unique(coords[a.name]) for a in others]
+    part = InterpPartition(core=core, group=group, fixed=fixed, kinds=kinds, spec=spec,
+                           use_efficiency=use_eff, other_values=other_values,
+                           other_t=[_FWD[a.transform](v).tolist()
+                                    for a, v in zip(others, other_values)],
+                           other_list=[v.astype(float).tolist() for v in other_values])
+    if others:  # line id per row: combined codes of the other axes (1-D sorts only)
+        codes = [np.searchsorted(v, coords[a.name]) for a, v in zip(others, other_values)]
+        inv, firsts = _combine(codes, len(rows))
+        uniq = np.stack([coords[a.name][firsts] for a in others], axis=1)
     else:
         uniq, inv = np.zeros((1, 0)), np.zeros(len(rows), dtype=np.int64)
-    part = InterpPartition(core=core, group=group, fixed=fixed, kinds=kinds, spec=spec,
-                           use_efficiency=use_eff, other_values=other_values)
+    # sort by (line, x); a point is a run of equal (line, x); a line a run of points
     order = np.lexsort((x_all, inv))
-    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
-    for li in range(len(uniq)):
-        idx = order[bounds[li]:bounds[li + 1]]
-        xs, ys, rs = x_all[idx], y_all[idx], rows[idx]
-        ux, starts = np.unique(xs, return_index=True)
-        if len(ux) == len(xs):
-            line = Line(xs, ys, [np.array([r]) for r in rs])
-        else:
-            ends = list(starts[1:]) + [len(xs)]
-            line = Line(ux, np.array([np.median(ys[a:b]) for a, b in zip(starts, ends)]),
-                        [rs[a:b] for a, b in zip(starts, ends)])
-        if line_axis.align:
-            raw_x = np.round(np.exp(line.x) if line_axis.transform == "log" else
-                             line.x ** 2 if line_axis.transform == "sqrt" else line.x)
-            line.aligned = (raw_x % line_axis.align) == 0
-        part.lines[tuple(float(v) for v in uniq[li])] = line
+    xs, ys, inv_s, rows_s = x_all[order], y_all[order], inv[order], rows[order]
+    n = len(xs)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (inv_s[1:] != inv_s[:-1]) | (xs[1:] != xs[:-1])
+    starts = np.nonzero(new)[0]
+    ends = np.append(starts[1:], n)
+    point_y = ys[starts].copy()  # one value per point
+    for p in np.nonzero(ends - starts > 1)[0]:  # repeated samples: median
+        point_y[p] = np.median(ys[starts[p]:ends[p]])
+    point_x, point_line = xs[starts], inv_s[starts]
+    point_raw = coords[line_axis.name][order][starts]
+    line_bounds = np.searchsorted(point_line, np.arange(len(uniq) + 1)).tolist()
+    aligned = (np.round(point_raw) % line_axis.align) == 0 if line_axis.align else None
+    part.arrays = (point_x, point_y, point_raw, np.append(starts, n), rows_s, aligned)
+    keys = map(tuple, uniq.astype(float).tolist())
+    part.line_slices = {key: (line_bounds[li], line_bounds[li + 1])
+                        for li, key in enumerate(keys)}
     return part
 
 
-def _bracket(xs: np.ndarray, t: float, extrapolate: bool
+def _bracket(xs: list[float], t: float, extrapolate: bool
              ) -> tuple[int, int, float, float, bool] | None:
     """(lo, hi, weight of hi, distance to nearest point, extrapolated) or None."""
     n = len(xs)
     if n == 0:
         return None
-    i = int(np.searchsorted(xs, t))
+    i = bisect_left(xs, t)
     if i < n and xs[i] == t:
         return i, i, 0.0, 0.0, False
     if 0 < i < n:
         lo, hi = i - 1, i
         w = (t - xs[lo]) / (xs[hi] - xs[lo])
-        return lo, hi, float(w), float(min(t - xs[lo], xs[hi] - t)), False
+        return lo, hi, w, min(t - xs[lo], xs[hi] - t), False
     if not extrapolate or n < 2:
         return None
     lo, hi = (0, 1) if i == 0 else (n - 2, n - 1)
     w = (t - xs[lo]) / (xs[hi] - xs[lo])
-    return lo, hi, float(w), float(abs(t - xs[0 if i == 0 else n - 1])), True
+    return lo, hi, w, abs(t - xs[0 if i == 0 else n - 1]), True
 
 
 class InterpolatingProvider:
@@ -280,7 +355,12 @@ class InterpolatingProvider:
             "policy": policy, "max_extrapolation": max_extrapolation,
             "specs": {op: repr(s) for op, s in self.specs.items()}})[:23]
         self.partitions = build_partitions(database, system, self.specs)
-        self._record_ids = database.table.column("record_id")
+        # the fixed selectors that tell partitions apart, per core identity; select() is
+        # cached on the query's values for them (contexts repeat across queries)
+        self._fixed_keys = {core: tuple(sorted({k for p in parts for k in p.fixed}))
+                            for core, parts in self.partitions.items()}
+        self._selected: dict[tuple, InterpPartition | Miss | Exception] = {}
+        self._record_ids = database.table.column("record_id")  # chunked: no copy
         self._groups = row_codes(database).groups
 
     def supports(self, query: CostQuery) -> bool | Miss:
@@ -293,13 +373,32 @@ class InterpolatingProvider:
 
     def select(self, query: CostQuery) -> InterpPartition | Miss:
         facts = query_facts(query)
-        parts = self.partitions.get(
-            (query.subject.value, query.operation, query.hardware, query.dtype), [])
+        core = (query.subject.value, query.operation, query.hardware, query.dtype)
         spec = self.specs[query.operation]
         for a in spec.axes:
             v = facts.get(a.name)
             if v is None or selector_type_name(v) not in ("int", "float") or v <= 0:
                 return Miss(f"query lacks a positive numeric {a.name}")
+        ties = tuple((type(facts.get(f)), facts.get(f) == facts.get(lead))
+                     for f, lead in spec.ties)  # only whether follower equals leader
+        key = (core, tuple((k, type(facts.get(k)), facts.get(k))
+                           for k in self._fixed_keys.get(core, ())), ties)
+        found = self._selected.get(key)
+        if found is None:
+            try:
+                found = self._select(facts, core, spec)
+            except AmbiguousEvidenceError as exc:
+                found = exc
+            if len(self._selected) > 100_000:
+                self._selected.clear()
+            self._selected[key] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _select(self, facts: dict, core: tuple, spec: InterpolationSpec
+                ) -> InterpPartition | Miss:
+        parts = self.partitions.get(core, [])
         matched = [p for p in parts if p.matches(facts)]
         if not matched:
             need = sorted({k for p in parts for k in p.fixed if k not in facts})
@@ -309,7 +408,7 @@ class InterpolatingProvider:
         if len({p.group for p in top}) > 1:
             groups = sorted({self._groups[p.group][1] for p in top})
             raise AmbiguousEvidenceError(
-                f"{query.operation} on {query.hardware}: interpolation could use "
+                f"{core[1]} on {core[2]}: interpolation could use "
                 f"{len(groups)} equally specific evidence groups ({'; '.join(groups)}); "
                 "state the runtime, revision or implementation that tells them apart")
         return top[0]
@@ -323,9 +422,8 @@ class InterpolatingProvider:
         distances: dict[str, float] = {}
         cell: dict[str, float] = {}
         any_extra = False
-        for axis, values in zip(spec.axes[1:], part.other_values):
-            t = float(_FWD[axis.transform](float(facts[axis.name])))
-            tv = _FWD[axis.transform](values)
+        for axis, values, tv in zip(spec.axes[1:], part.other_list, part.other_t):
+            t = _FWD1[axis.transform](facts[axis.name])
             b = _bracket(tv, t, extrap)
             if b is None:
                 return Miss(f"{axis.name}={facts[axis.name]} outside measured "
@@ -333,75 +431,80 @@ class InterpolatingProvider:
             lo, hi, w, d, ex = b
             any_extra |= ex
             distances[axis.name] = self._distance(axis, d, tv)
-            cell[f"{axis.name}_lo"], cell[f"{axis.name}_hi"] = float(values[lo]), float(values[hi])
+            cell[axis.name + "_lo"], cell[axis.name + "_hi"] = values[lo], values[hi]
             brackets.append([(values[lo], 1.0 - w)] + ([(values[hi], w)] if hi != lo else []))
         line_axis = spec.axes[0]
-        t0 = float(_FWD[line_axis.transform](float(facts[line_axis.name])))
+        q0 = facts[line_axis.name]
+        t0 = _FWD1[line_axis.transform](q0)
+        q_aligned = bool(line_axis.align) and float(q0) % line_axis.align == 0
         y = 0.0
-        used: list[np.ndarray] = []
+        used: list[int] = []
         d0 = 0.0
         lo_x, hi_x = math.inf, -math.inf
+        lo_raw = hi_raw = 0.0
         for combo in product(*brackets) if brackets else [()]:
-            key = tuple(float(v) for v, _ in combo)
+            key = tuple(v for v, _ in combo)
             weight = math.prod(w for _, w in combo)
-            line = part.lines.get(key)
+            line = part.line(key)
             if line is None:
-                return Miss(f"no measurements on the line {dict(zip((a.name for a in spec.axes[1:]), key))}")
-            xs, ys, rows = line.x, line.y, line.rows
-            keep = None
-            if exclude_row is not None:
-                keep = [i for i, r in enumerate(rows) if exclude_row not in r]
-                if len(keep) == len(rows):
-                    keep = None
+                return Miss("no measurements on the line " + ", ".join(
+                    f"{a.name}={v:g}" for a, v in zip(spec.axes[1:], key)))
+            dropped = line.point_of(exclude_row) if exclude_row is not None else None
             b = None
-            if line.aligned is not None:  # same alignment class first
-                q_aligned = float(facts[line_axis.name]) % line_axis.align == 0
-                same = [i for i in (keep if keep is not None else range(len(xs)))
-                        if line.aligned[i] == q_aligned]
-                b = _bracket(xs[same], t0, False)
-                if b is not None:
-                    xs, ys, rows = xs[same], ys[same], [rows[i] for i in same]
+            if line.classes is not None:  # same alignment class first (never extrapolated)
+                xs, pts = line.points(q_aligned, dropped)
+                b = _bracket(xs, t0, False)
             if b is None:
-                if keep is not None:
-                    xs, ys, rows = xs[keep], ys[keep], [rows[i] for i in keep]
+                xs, pts = line.points(None, dropped)
                 b = _bracket(xs, t0, extrap)
             if b is None:
-                return Miss(f"{line_axis.name}={facts[line_axis.name]} is not bracketed by "
-                            f"measurements on the line {key}")
+                return Miss(f"{line_axis.name}={q0} is not bracketed by measurements on "
+                            "the line " + ", ".join(f"{a.name}={v:g}"
+                                                    for a, v in zip(spec.axes[1:], key)))
             lo, hi, w, d, ex = b
+            if pts is not None:
+                lo, hi = pts[lo], pts[hi]
             any_extra |= ex
             d0 = max(d0, d)
-            y += weight * ((1.0 - w) * ys[lo] + w * ys[hi])
-            used += [rows[lo], rows[hi]] if hi != lo else [rows[lo]]
-            lo_x, hi_x = min(lo_x, xs[lo]), max(hi_x, xs[hi])
-        distances[line_axis.name] = self._distance(line_axis, d0, np.array([lo_x, hi_x]))
-        cell[f"{line_axis.name}_lo"] = _inverse(line_axis.transform, lo_x)
-        cell[f"{line_axis.name}_hi"] = _inverse(line_axis.transform, hi_x)
+            xl, yl, rl = line.lists()
+            y += weight * ((1.0 - w) * yl[lo] + w * yl[hi])
+            used += line.row_list(lo)
+            if hi != lo:
+                used += line.row_list(hi)
+            if xl[lo] < lo_x:
+                lo_x, lo_raw = xl[lo], rl[lo]
+            if xl[hi] > hi_x:
+                hi_x, hi_raw = xl[hi], rl[hi]
+        distances[line_axis.name] = self._distance(line_axis, d0, [lo_x, hi_x])
+        cell[line_axis.name + "_lo"] = lo_raw
+        cell[line_axis.name + "_hi"] = hi_raw
         if any_extra and max(distances.values()) > self.max_extrapolation:
             return Miss(f"extrapolation distance {max(distances.values()):.2f} exceeds "
                         f"{self.max_extrapolation}")
         value = math.exp(y) if spec.target_transform == "log" else y
-        if part.use_efficiency:
+        if part.use_efficiency:  # the partition's fixed selectors served its records too
             axes = {a.name: float(facts[a.name]) for a in spec.axes}
-            fixed = {k: (facts[k] if v is not TIED else TIED) for k, v in part.fixed.items()}
-            for k in ("q_tokens", "kv_heads", "head_dim", "v_head_dim", "kv_dtype"):
-                if k not in fixed and k in facts:
-                    fixed[k] = facts[k]
-            roof = float(ROOFLINES[part.core[1]](axes, fixed, part.core[3], self.system))
+            roof = float(ROOFLINES[part.core[1]](axes, part.fixed, part.core[3], self.system))
             latency = roof / value
         else:
             latency = value
         if not math.isfinite(latency) or latency <= 0:
             return Miss(f"{'extrapolation' if any_extra else 'interpolation'} gives a "
                         f"non-positive latency ({latency:g})")
-        return latency, distances, any_extra, np.unique(np.concatenate(used)), cell
+        return latency, distances, any_extra, sorted(set(used)), cell
 
     @staticmethod
-    def _distance(axis: Axis, d: float, tv: np.ndarray) -> float:
+    def _distance(axis: Axis, d: float, tv) -> float:
         if axis.transform == "log":
             return d / math.log(2.0)          # octaves
         span = float(tv[-1] - tv[0]) if len(tv) > 1 else 0.0
         return d / span if span > 0 else 0.0
+
+    def _static(self, part: InterpPartition) -> dict:
+        cached = part.__dict__.get("_static")
+        if cached is None:
+            cached = part.__dict__["_static"] = _static_texts(part)
+        return cached
 
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
         part = self.select(query)
@@ -420,21 +523,18 @@ class InterpolatingProvider:
             method, kind = EstimateMethod.INTERPOLATED, MatchKind.INTERPOLATED
             confidence, rel_std = min(0.9, max(0.3, 0.9 * math.exp(-0.5 * total))), \
                 0.05 + 0.1 * total
-        spec = part.spec
-        validity = {k: (f"={dict(spec.ties)[k]}" if v is TIED else v)
-                    for k, v in part.fixed.items()}
+        static = self._static(part)
+        validity = dict(static["validity"])
         validity.update(cell)
-        controlled = set(part.fixed) | {a.name for a in spec.axes}
+        controlled = static["controlled"]
         assumptions = [f"evidence does not control {k}={query.dims[k]!r}"
                        for k in sorted(query.dims) if k not in controlled]
-        target = "achieved fraction of roofline" if part.use_efficiency else "latency"
-        axes_txt = ", ".join(f"{a.transform} {a.name}" for a in spec.axes)
-        assumptions.append(f"{method.value} {target} ({spec.target_transform}) over {axes_txt}")
-        components = {f"distance_{k}": v for k, v in distances.items()}
+        assumptions.append(static[method])
+        components = {"distance_" + k: v for k, v in distances.items()}
         return CostEstimate(
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
             provider_revision=self.revision, source_revision=self._groups[part.group][1],
-            raw_record_ids=tuple(self._record_ids.take(rows).to_pylist()),
+            raw_record_ids=tuple(self._record_ids[r].as_py() for r in rows),
             validity=FrozenDict(validity),
             uncertainty=Uncertainty(kind="interpolation", rel_std=rel_std,
                                     sample_count=len(rows)),
@@ -442,9 +542,16 @@ class InterpolatingProvider:
             bottleneck="measured", confidence=confidence)
 
 
-def _inverse(transform: str, t: float) -> float:
-    if transform == "log":
-        return float(f"{math.exp(t):.10g}")
-    if transform == "sqrt":
-        return float(t * t)
-    return float(t)
+def _static_texts(part: InterpPartition) -> dict:
+    spec = part.spec
+    ties = dict(spec.ties)
+    target = "achieved fraction of roofline" if part.use_efficiency else "latency"
+    axes_txt = ", ".join(f"{a.transform} {a.name}" for a in spec.axes)
+    out: dict = {
+        "validity": {k: (f"={ties[k]}" if v is TIED else v) for k, v in part.fixed.items()},
+        "controlled": set(part.fixed) | {a.name for a in spec.axes},
+    }
+    for method in (EstimateMethod.INTERPOLATED, EstimateMethod.EXTRAPOLATED):
+        out[method] = f"{method.value} {target} ({spec.target_transform}) over {axes_txt}"
+    return out
+

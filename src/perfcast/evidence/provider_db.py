@@ -12,9 +12,7 @@
 
 from __future__ import annotations
 
-import statistics
-
-import numpy as np
+import math
 
 from perfcast.core.errors import AmbiguousEvidenceError
 from perfcast.core.frozen import FrozenDict
@@ -36,20 +34,20 @@ class PerformanceDatabaseProvider:
         self.name = name
         self.revision = database.digest
         self.index = build_index(database)
-        self._record_ids = database.table.column("record_id")
+        self._record_ids = database.table.column("record_id")  # chunked: no copy
 
     def supports(self, query: CostQuery) -> bool | Miss:
         if self.index.candidates(query) is None:
             return Miss(f"no records for {query.operation} {query.dtype} on {query.hardware}")
         return True
 
-    def match(self, query: CostQuery) -> tuple[list[tuple[Partition, np.ndarray]], list[str]]:
+    def match(self, query: CostQuery, facts: dict
+              ) -> tuple[list[tuple[Partition, list[int]]], list[str]]:
         """The partitions (and rows) that match at the highest specificity, and why the
         others did not."""
         parts = self.index.candidates(query) or []
-        facts = query_facts(query)
         best = -1
-        matches: list[tuple[Partition, np.ndarray]] = []
+        matches: list[tuple[Partition, list[int]]] = []
         reasons: list[str] = []
         for part in parts:
             if part.specificity < best:
@@ -59,7 +57,7 @@ class PerformanceDatabaseProvider:
                 reasons.append(words)
                 continue
             rows = part.lookup(words)
-            if len(rows):
+            if rows:
                 matches.append((part, rows))
                 best = part.specificity
             else:
@@ -68,37 +66,44 @@ class PerformanceDatabaseProvider:
         return matches, reasons
 
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
-        matches, reasons = self.match(query)
+        facts = query_facts(query)
+        matches, reasons = self.match(query, facts)
         if not matches:
             uniq = list(dict.fromkeys(reasons))
             more = f" (+{len(uniq) - 3} more)" if len(uniq) > 3 else ""
             return Miss("; ".join(uniq[:3]) + more or "no matching record")
-        rows = np.concatenate([r for _, r in matches]) if len(matches) > 1 else matches[0][1]
-        group_ids = self.index.group_of_row[rows]
-        first = int(group_ids[0])
-        if np.any(group_ids != first):
-            groups = [self.index.groups[int(g)] for g in np.unique(group_ids)]
+        rows = matches[0][1] if len(matches) == 1 else [r for _, rs in matches for r in rs]
+        group_of_row = self.index.group_of_row
+        group_ids = {int(group_of_row[rows[0]])} if len(rows) == 1 else \
+            {int(group_of_row[r]) for r in rows}
+        if len(group_ids) > 1:
+            groups = [self.index.groups[g] for g in sorted(group_ids)]
             desc = "; ".join(f"{g[0]}@{g[1]} ({g[5]}, file {g[4][:19]})" for g in groups)
             raise AmbiguousEvidenceError(
                 f"{query.operation} on {query.hardware}: {len(groups)} equally specific "
                 f"evidence groups answer this query: {desc}. State the runtime, revision or "
                 "implementation that tells them apart, or load only one of them")
-        group = self.index.groups[first]
-        samples = sorted(self.index.latency_s[rows].tolist())
-        median = statistics.median(samples)
-        spread = statistics.pstdev(samples) if len(samples) > 1 else 0.0
-        facts = query_facts(query)
-        selector = {k: facts[k] for part, _ in matches[:1] for k, _ in part.keys}
+        group = self.index.groups[group_ids.pop()]
+        lat = self.index.latency_s
+        n = len(rows)
+        if n == 1:
+            samples = [float(lat[rows[0]])]
+            median, spread = samples[0], 0.0
+        else:
+            samples = sorted(float(lat[r]) for r in rows)
+            median = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+            mean = sum(samples) / n
+            spread = math.sqrt(sum((x - mean) ** 2 for x in samples) / n)
+        selector = {k: facts[k] for k, _ in matches[0][0].keys}
         uncontrolled = sorted(k for k in query.dims if k not in selector)
         assumptions = tuple(f"evidence does not control {k}={query.dims[k]!r}"
                             for k in uncontrolled)
-        record_ids = tuple(self._record_ids.take(rows).to_pylist())
+        record_ids = tuple(self._record_ids[r].as_py() for r in rows)
         return CostEstimate(
             latency_s=median, method=EstimateMethod(group[5]),
             match_kind=MatchKind.SUBSET if uncontrolled else MatchKind.EXACT,
             provider=self.name, provider_revision=self.revision, source_revision=group[1],
             raw_record_ids=record_ids, validity=FrozenDict(selector),
             uncertainty=Uncertainty(kind="samples", rel_std=spread / median,
-                                    low_s=samples[0], high_s=samples[-1],
-                                    sample_count=len(samples)),
+                                    low_s=samples[0], high_s=samples[-1], sample_count=n),
             assumptions=assumptions, bottleneck="measured", confidence=1.0)

@@ -26,23 +26,46 @@ from perfcast.evidence.database import (
     CORE_COLUMNS,
     PROVENANCE_COLUMNS,
     PerformanceDatabase,
+    dictionary_codes,
     parse_selector_column,
 )
-from perfcast.evidence.records import CONTEXT_KEYS, selector_type_name
+from perfcast.evidence.records import CONTEXT_KEYS
 
 _MASK = (1 << 64) - 1
+_KIND = {bool: "bool", int: "int", float: "float", str: "str"}  # exact types only
 _FNV_OFFSET = 1469598103934665603
 _FNV_PRIME = 1099511628211
 
 
-def query_facts(query: CostQuery) -> dict[str, DimValue]:
-    facts: dict[str, DimValue] = dict(query.dims)
-    ctx = query.context
-    for key in CONTEXT_KEYS:
-        value = ctx.implementation_for(query.operation) if key == "implementation" \
-            else getattr(ctx, key)
+_CONTEXT_FACTS: dict[tuple[int, str], tuple[object, dict[str, DimValue]]] = {}
+
+
+def _context_facts(ctx, operation: str) -> dict[str, DimValue]:
+    key = (id(ctx), operation)
+    hit = _CONTEXT_FACTS.get(key)
+    if hit is not None and hit[0] is ctx:
+        return hit[1]
+    facts: dict[str, DimValue] = {}
+    for name in CONTEXT_KEYS:
+        value = ctx.implementation_for(operation) if name == "implementation" \
+            else getattr(ctx, name)
         if value:
-            facts[key] = value
+            facts[name] = value
+    if len(_CONTEXT_FACTS) > 4096:
+        _CONTEXT_FACTS.clear()
+    _CONTEXT_FACTS[key] = (ctx, facts)
+    return facts
+
+
+def query_facts(query: CostQuery) -> dict[str, DimValue]:
+    """The query's dims plus its stated context (computed once per query object; callers
+    must not mutate the result)."""
+    cached = query.__dict__.get("_selector_facts")
+    if cached is not None:
+        return cached
+    facts: dict[str, DimValue] = dict(query.dims)
+    facts.update(_context_facts(query.context, query.operation))
+    object.__setattr__(query, "_selector_facts", facts)
     return facts
 
 
@@ -87,7 +110,7 @@ class Partition:
             if key not in facts:
                 return f"needs {key}"
             value = facts[key]
-            if selector_type_name(value) != kind:
+            if _KIND.get(type(value)) != kind:
                 return f"needs {key} as {kind}, query has {type(value).__name__}"
             if kind == "str":
                 code = codes.get(value)
@@ -100,15 +123,19 @@ class Partition:
                 words.append(int(value))
         return words
 
-    def lookup(self, words: list[int]) -> np.ndarray:
-        h = np.uint64(_hash_one(words))
-        lo = int(np.searchsorted(self.hashes, h, side="left"))
-        hi = int(np.searchsorted(self.hashes, h, side="right"))
-        if lo == hi:
-            return self.rows[:0]
-        target = np.asarray(words, dtype=np.int64)
-        ok = np.all(self.words[lo:hi] == target, axis=1)
-        return self.rows[lo:hi][ok]
+    def lookup(self, words: list[int]) -> list[int]:
+        """Rows whose selector words equal `words` (binary search on the hash)."""
+        h = _hash_one(words)
+        hashes = self.hashes
+        n = len(hashes)
+        lo = int(hashes.searchsorted(np.uint64(h)))
+        out = []
+        i = lo
+        while i < n and int(hashes[i]) == h:
+            if self.words[i].tolist() == words:
+                out.append(int(self.rows[i]))
+            i += 1
+        return out
 
 
 @dataclass
@@ -126,24 +153,29 @@ class SelectorIndex:
 
 
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    enc = col.dictionary_encode()
-    return np.asarray(enc.indices.fill_null(-1).to_numpy(), dtype=np.int64), \
-        enc.dictionary.to_pylist()
+    return dictionary_codes(column)
 
 
 def _combine(codes, n: int) -> tuple[np.ndarray, list[int]]:
-    """Row -> id of its combination of codes (ids dense), and one row index per id."""
+    """Row -> id of its combination of codes (ids dense), and one row index per id.
+
+    Codes are combined in mixed radix; the key is compacted with np.unique only when the
+    next radix would overflow int64 (rarely), so this is one sort for most inputs."""
     key = np.zeros(n, dtype=np.int64)
+    span = 1
     for c in codes:
         c = np.asarray(c, dtype=np.int64)
-        key = key * (int(c.max()) + 2 if n else 1) + (c + 1)
-        _, key = np.unique(key, return_inverse=True)
-        key = key.reshape(-1).astype(np.int64)
+        radix = (int(c.max()) + 2) if n else 1
+        if span * radix >= 2 ** 62:
+            _, key = np.unique(key, return_inverse=True)
+            key = key.reshape(-1).astype(np.int64)
+            span = int(key.max()) + 1 if n else 1
+        key = key * radix + (c + 1)
+        span *= radix
     if not n:
         return key, []
-    _, first = np.unique(key, return_index=True)
-    return key, first.tolist()
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), first.tolist()
 
 
 @dataclass
@@ -195,7 +227,7 @@ def row_codes(db: PerformanceDatabase) -> RowCodes:
     code_values: list[list | None] = []
     for j, name in enumerate(sel_cols):
         _, kind = parse_selector_column(name)
-        col = table.column(name).combine_chunks()
+        col = table.column(name)
         valid_all[:, j] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         values = None
         if kind == "str":

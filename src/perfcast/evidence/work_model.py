@@ -24,13 +24,24 @@ from perfcast.hardware.model import EngineKind, System
 _FALLBACK_RATE = ("bf16", "fp16", "fp32")
 
 
+_PEAKS: dict[tuple[int, str], tuple[System, float]] = {}
+
+
 def matrix_peak(system: System, dtype: str) -> float:
+    hit = _PEAKS.get((id(system), dtype))
+    if hit is not None and hit[0] is system:
+        return hit[1]
     engine = system.device.engine(EngineKind.MATRIX)
     for key in (engine_dtype(dtype).value, *_FALLBACK_RATE):
         rate = engine.peak_ops_per_s.get(key)
         if rate:
+            _PEAKS[(id(system), dtype)] = (system, float(rate))
             return float(rate)
     raise LookupError(f"{system.name} has no matrix rate for {dtype}")
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, float) else np.maximum(a, b)
 
 
 def gemm_roofline_s(axes: Mapping[str, np.ndarray], fixed: Mapping, dtype: str,
@@ -39,8 +50,7 @@ def gemm_roofline_s(axes: Mapping[str, np.ndarray], fixed: Mapping, dtype: str,
     in_b = dtype_bytes(dtype)
     flops = 2.0 * m * n * k
     nbytes = (m * k + k * n) * in_b + m * n * 2.0
-    return np.maximum(flops / matrix_peak(system, dtype),
-                      nbytes / system.device.memory.bw_bytes_per_s)
+    return _max(flops / matrix_peak(system, dtype), nbytes / system.device.memory.bw_bytes_per_s)
 
 
 def attention_roofline_s(axes: Mapping[str, np.ndarray], fixed: Mapping, dtype: str,
@@ -56,8 +66,7 @@ def attention_roofline_s(axes: Mapping[str, np.ndarray], fixed: Mapping, dtype: 
     pairs = q * (kv - q) + q * (q + 1) / 2.0
     flops = 2.0 * heads * (hd + vhd) * pairs * batch
     nbytes = batch * (q * heads * (hd + vhd) * 2.0 + kv * kv_heads * (hd + vhd) * kvb)
-    return np.maximum(flops / matrix_peak(system, dtype),
-                      nbytes / system.device.memory.bw_bytes_per_s)
+    return _max(flops / matrix_peak(system, dtype), nbytes / system.device.memory.bw_bytes_per_s)
 
 
 class _Tied:

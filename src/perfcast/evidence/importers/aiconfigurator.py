@@ -326,7 +326,7 @@ def import_system(root: str | Path, *, hardware: str,
                           expected="<family>/<framework>/<version>/<table>.parquet with "
                                    "collection_meta.yaml; tables: " + ", ".join(sorted(TABLES)))
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{root.name}")
-    return PerformanceDatabase(db.table, name=db.name,
+    return PerformanceDatabase(db.table, name=db.name, _validated=True,
                                sources=[*db.sources, *({"skipped": s} for s in skipped)])
 
 
