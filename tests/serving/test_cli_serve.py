@@ -45,3 +45,19 @@ def test_serve_bad_input_is_one_line_error():
     res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--policy", "fifo"])
     assert res.exit_code == 2
     assert "policy" in res.output
+
+
+def test_serve_open_loop_trace(tmp_path):
+    trace = tmp_path / "arrivals.txt"
+    trace.write_text("# seconds\n0.0\n0.5\n1.0\n30.0\n")
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--arrival-trace", str(trace),
+                                   "--isl", "128", "--osl", "8", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)
+    assert m["completed_requests"] == 4
+    # requests far apart never queue: the slowest TTFT is one prefill plus the frontend
+    assert m["ttft_ms"]["p99"] < 2 * m["ttft_ms"]["p50"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("soon\n")
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--arrival-trace", str(bad)])
+    assert res.exit_code == 2 and "line 1" in res.output

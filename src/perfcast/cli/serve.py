@@ -45,6 +45,8 @@ def serve_command(
     concurrency: Annotated[int, typer.Option(help="closed-loop clients (0: open loop)")] = 8,
     request_rate: Annotated[float, typer.Option("--request-rate", help="open-loop Poisson "
                                                 "arrivals per second")] = 0.0,
+    arrival_trace: Annotated[Optional[Path], typer.Option("--arrival-trace", help="open loop: "
+                             "a text file with one arrival time (seconds) per line")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", help="default 10 x "
                                               "concurrency (closed) or 200 (open)")] = 0,
     warmup_requests: Annotated[int, typer.Option("--warmup-requests")] = 0,
@@ -81,7 +83,10 @@ def serve_command(
         bk = load_backend(backend).with_scheduler(
             policy=policy, token_budget=token_budget, max_running_requests=max_running_requests,
             chunked_prefill=chunked_prefill)
-        if concurrency <= 0 and request_rate <= 0:
+        arrivals = _read_trace(arrival_trace) if arrival_trace else None
+        if arrivals:
+            concurrency, request_rate = 0, 0.0
+        if concurrency <= 0 and request_rate <= 0 and not arrivals:
             raise ConfigError("neither clients nor an arrival rate", field="--concurrency",
                               expected="--concurrency > 0 or --request-rate > 0")
         decode_pool = None
@@ -94,6 +99,7 @@ def serve_command(
                           decode_pool=decode_pool, isl=isl, osl=osl, range_ratio=range_ratio,
                           concurrency=concurrency or None,
                           request_rate_per_s=request_rate or None,
+                          arrival_times_s=tuple(arrivals) if arrivals else None,
                           num_requests=num_requests or None, warmup_requests=warmup_requests,
                           seed=seed, interpolate=not exact, record_trace=chrome_trace is not None)
         providers, context = (), None
@@ -116,6 +122,22 @@ def serve_command(
             typer.echo(json.dumps(metrics, indent=2))
             return
         _print_table(metrics, Console())
+
+
+def _read_trace(path: Path) -> list[float]:
+    times = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            times.append(float(text.split(",")[0]))
+        except ValueError:
+            raise ConfigError(f"line {i}: {text!r} is not a time in seconds", source=str(path),
+                              field="--arrival-trace", expected="one number per line") from None
+    if not times:
+        raise ConfigError("holds no arrival times", source=str(path), field="--arrival-trace")
+    return times
 
 
 def _print_table(metrics: dict, console: Console) -> None:

@@ -46,6 +46,7 @@ class ServeConfig:
     range_ratio: float = 1.0
     concurrency: int | None = 8            # closed loop (total client concurrency)
     request_rate_per_s: float | None = None  # open loop (Poisson)
+    arrival_times_s: tuple[float, ...] | None = None  # open loop (trace)
     num_requests: int | None = None        # default 10 x concurrency (closed) or 200
     warmup_requests: int = 0
     seed: int = 0
@@ -129,7 +130,11 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)
     if cfg.mode not in ("agg", "disagg"):
         raise ConfigError(f"unknown mode {cfg.mode!r}", field="mode", expected="agg | disagg")
-    if cfg.concurrency:
+    if cfg.arrival_times_s:
+        n = cfg.num_requests or len(cfg.arrival_times_s) - cfg.warmup_requests
+        client = OpenLoopClient(lengths, n, arrival_times_s=list(cfg.arrival_times_s),
+                                warmup_requests=cfg.warmup_requests, seed=cfg.seed)
+    elif cfg.concurrency:
         n = cfg.num_requests or 10 * cfg.concurrency
         client = ClosedLoopClient(cfg.concurrency, lengths, n, cfg.warmup_requests, cfg.seed)
     else:
