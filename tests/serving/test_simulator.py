@@ -167,3 +167,13 @@ def test_disaggregated_closed_loop_finishes_all_requests_on_two_decode_workers()
     assert res.metrics.completed_requests == 120
     assert all(d.stats.steps > 0 for d in decoders)
     assert all(r.first_token_s >= r.arrival_s for r in res.finished)
+
+
+@pytest.mark.parametrize("admission", ["incremental", "reserve_full"])
+def test_kv_is_fully_released_including_one_token_outputs(admission):
+    e = engine(capacity=5000, admission=admission, block=16)
+    client = ClosedLoopClient(4, LengthDistribution(300, 2, ratio=0.5), num_requests=40, seed=2)
+    res = simulate(client, [e], num_gpus=1)
+    assert any(r.output_tokens == 1 for r in res.finished)
+    assert res.metrics.completed_requests == 40
+    assert e.kv_used == pytest.approx(0.0) and not e.running

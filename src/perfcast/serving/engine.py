@@ -132,10 +132,10 @@ class Engine:
         self.running[r.rid] = r
         r.active = True
 
-    def _release(self, r: Request) -> None:
-        alloc = r.kv_base
-        if self.kv.admission == "incremental" and r.generated > 0 and r.prefilled >= r.prefill_target:
-            alloc += self.counter - r.join_counter
+    def _release(self, r: Request, growth: int = 0) -> None:
+        """Free a request's KV: its admission reservation plus, under incremental
+        admission, the `growth` tokens its decode iterations added."""
+        alloc = r.kv_base + (growth if self.kv.admission == "incremental" else 0)
         self.kv_used -= alloc
         self.running.pop(r.rid, None)
         r.active = False
@@ -216,7 +216,7 @@ class Engine:
                 self.newcomers = [r for r in self.newcomers if r is not victim]
             else:
                 self.prefilling.remove(victim)
-            self._release(victim)
+            self._release(victim, growth)
             victim.generated += growth
             victim.prefill_target = victim.input_tokens + victim.generated
             victim.prefilled = 0
@@ -340,7 +340,7 @@ class Engine:
             r.generated = r.output_tokens
             r.last_token_s = end
             self._leave_decode(r)
-            self._release(r)
+            self._release(r, self.counter - r.join_counter)
             r.finish_s = end
             events.append(Event("finished", r, end))
         return events
