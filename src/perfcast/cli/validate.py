@@ -33,6 +33,10 @@ def _fmt(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
 
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def rows_csv(results) -> str:
     from perfcast.serving.silicon import ape
 
@@ -61,6 +65,8 @@ def silicon_command(
     output_format: Annotated[Format, typer.Option("--format", help="table | csv | json")] = Format.table,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write here instead of stdout")] = None,
     mode: Annotated[Optional[str], typer.Option(help="only rows of this mode (agg | disagg)")] = None,
+    show_rows: Annotated[bool, typer.Option("--rows/--no-rows", help="table format: list every "
+                                            "row before the summary")] = True,
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     from perfcast.serving.silicon import read_rows, summarize, validate_rows
@@ -88,7 +94,18 @@ def silicon_command(
             else:
                 sys.stdout.write(text)
             return
-        console = Console(file=open(output, "w", encoding="utf-8") if output else None)
+        console = Console(file=open(output, "w", encoding="utf-8") if output else None,
+                          width=200)
+        if show_rows:
+            rows_table = Table(title="per row: predicted vs measured (ms)")
+            for col in ("id", "C", "TTFT meas", "TTFT pred", "TPOT meas", "TPOT pred", "reason"):
+                rows_table.add_column(col, justify="left" if col in ("id", "reason") else "right",
+                                      overflow="fold")
+            for r in results:
+                rows_table.add_row(r.row_id, str(r.concurrency or ""), _num(r.measured_ttft_ms),
+                                   _num(r.pred_ttft_ms), _num(r.measured_tpot_ms),
+                                   _num(r.pred_tpot_ms), r.reason)
+            console.print(rows_table)
         table = Table(title=f"silicon validation: {file.name}")
         for col in ("system", "model", "backend", "rows", "coverage", "TTFT MAPE", "TTFT medAPE",
                     "TPOT MAPE", "TPOT medAPE"):
