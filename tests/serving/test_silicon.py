@@ -13,7 +13,7 @@ from perfcast.cli.main import app
 from perfcast.serving.evidence import nearest_version, version_key
 from perfcast.serving.silicon import read_rows, summarize, validate_rows
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "silicon_h100_slice.csv"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "silicon" / "h100_sxm_slice.csv"
 
 
 @pytest.fixture(scope="module")
