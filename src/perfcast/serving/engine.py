@@ -202,9 +202,9 @@ class Engine:
         budget = self.sched.token_budget - self.n_decoding
         return self._plan_prefill(budget), self.n_decoding > 0
 
-    def _preempt_for_growth(self) -> list[Event]:
-        """Incremental KV: make room for one more token per decoding request."""
-        events: list[Event] = []
+    def _preempt_for_growth(self) -> None:
+        """Incremental KV: make room for one more token per decoding request by sending
+        the newest running requests back to the queue (recompute)."""
         while self.n_decoding and self.kv_used + self.n_decoding > self.capacity:
             victim = next(reversed(self.running.values()))
             growth = 0
@@ -223,7 +223,6 @@ class Engine:
             victim.preemptions += 1
             self.stats.preemptions += 1
             self.waiting.appendleft(victim)
-        return events
 
     # -- one macro step ---------------------------------------------------------------------------
     def advance(self, horizon_s: float = float("inf")) -> list[Event]:
@@ -236,7 +235,7 @@ class Engine:
         self._take_arrivals()
         events: list[Event] = []
         if self.kv.admission == "incremental" and self.n_decoding:
-            events += self._preempt_for_growth()
+            self._preempt_for_growth()
         chunks, decode = self._plan()
         if not chunks and not decode:
             if not self.running and self.waiting:
