@@ -67,6 +67,8 @@ def silicon_command(
     mode: Annotated[Optional[str], typer.Option(help="only rows of this mode (agg | disagg)")] = None,
     show_rows: Annotated[bool, typer.Option("--rows/--no-rows", help="table format: list every "
                                             "row before the summary")] = True,
+    statistic: Annotated[str, typer.Option(help="per-request aggregate compared with the row: "
+                                           "mean | p50 (the file does not say which)")] = "mean",
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     from perfcast.serving.silicon import read_rows, summarize, validate_rows
@@ -80,7 +82,8 @@ def silicon_command(
             from perfcast.serving.evidence import evidence_loader
 
             evidence_for = evidence_loader(evidence_root)
-        results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for)
+        results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,
+                                statistic=statistic)
         groups = summarize(results)
         if output_format is Format.csv:
             text = rows_csv(results)
