@@ -398,6 +398,30 @@ class GraphBuilder:
             attributes=FrozenDict(attrs),
             **self._common(group, layers, deps, count, devices, stage)))
 
+    def compute(self, group: str, operator: str, operation: str, *, flops: float,
+                bytes_read: float, bytes_written: float, inputs: tuple[TensorSpec, ...],
+                outputs: tuple[TensorSpec, ...], axes: dict, engine: Engine = Engine.MATRIX,
+                compute_dtype: str | None = None, layers=None, deps=(),
+                count: int | None = None, devices: int | None = None, stage: int = 0,
+                extra: dict | None = None, replicas: int = 1) -> str:
+        """A compute op whose exact work a family derives from its own documented formula
+        (gated-delta-rule scans, the DSA indexer, sparse MLA): FLOPs, bytes and lookup
+        axes are given, not derived from shapes. Weights, caches and per-request state
+        are declared through `extra` (`weight_params`/`weight_shards`/`weight_bytes`,
+        `kv_cache_bytes_per_token` + `cache_window`, `state_bytes_per_request`)."""
+        attrs: dict[str, Any] = dict(extra or {})
+        if replicas > 1:
+            attrs["replicas"] = replicas
+        dt = compute_dtype or self.precision.activation
+        return self._add(Task(
+            operator=operator, operation=operation, kind=TaskKind.COMPUTE,
+            inputs=inputs, outputs=outputs,
+            work=Work(flops=float(flops), engine=engine, compute_dtype=DType(dt).value,
+                      bytes_read=float(bytes_read), bytes_written=float(bytes_written),
+                      axes=FrozenDict(axes)),
+            attributes=FrozenDict(attrs),
+            **self._common(group, layers, deps, count, devices, stage)))
+
     def collective(self, group: str, operation: str, *, message_bytes: float, participants: int,
                    layers=None, deps=(), dtype: str | None = None, count: int | None = None,
                    devices: int | None = None, stage: int = 0, tier: str = "",

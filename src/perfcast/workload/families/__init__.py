@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, moe
+from perfcast.workload.families import dense, hybrid, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -30,6 +30,12 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "deepseek_v2": moe.build_mla,
     "deepseek_v3": moe.build_mla,
     "kimi_k2": moe.build_mla,
+    # gated DeltaNet linear attention interleaved with gated full attention
+    "qwen3_next": hybrid.build,
+    "qwen3_5": hybrid.build,
+    "qwen3_5_text": hybrid.build,
+    "qwen3_5_moe": hybrid.build,
+    "qwen3_5_moe_text": hybrid.build,
 }
 
 

@@ -34,8 +34,9 @@ def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     d = m.head_dim
     tokens = b.local_batch.tokens
     act = b.precision.activation
-    qkv_n = (heads + 2 * kv_heads) * d
-    unique_qkv = (m.num_heads + 2 * m.num_kv_heads) * d * m.hidden_size
+    gate = traits.output_gate  # the output gate's weight is fused into q_proj
+    qkv_n = (heads * (2 if gate else 1) + 2 * kv_heads) * d
+    unique_qkv = (m.num_heads * (2 if gate else 1) + 2 * m.num_kv_heads) * d * m.hidden_size
     bias = m.attention_bias or traits.qkv_bias
     extra = {"kv_heads_replicated": m.num_kv_heads < tp, "weight_params": unique_qkv / tp}
     if bias:
@@ -75,6 +76,12 @@ def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
             stage=stage, extra=dict(sinks) if i == 0 else
             {k: v for k, v in sinks.items() if not k.startswith("weight")},
             axes={"sinks": True} if sinks else None),)
+    if gate:  # o = attn * sigmoid(gate): ~4 FLOPs for the sigmoid, 1 for the product
+        o_in = TensorSpec((tokens, heads * d), act)
+        attn_deps = (b.elementwise("attn.output_gate", "tensor_cast.sigmoid_mul.default",
+                                   "activation", inputs=(o_in, o_in), outputs=(o_in,),
+                                   flops=5 * o_in.numel, layers=layers, deps=attn_deps,
+                                   stage=stage),)
     o_extra = {"bias_params": m.hidden_size} if m.attention_bias else None
     o = b.gemm("attn.o_proj", tokens, m.hidden_size, heads * d, layers=layers,
                deps=attn_deps, weight_shards=tp, stage=stage, extra=o_extra)
