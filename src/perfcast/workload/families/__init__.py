@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, hybrid, moe
+from perfcast.workload.families import dense, dsa, hybrid, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -30,6 +30,9 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "deepseek_v2": moe.build_mla,
     "deepseek_v3": moe.build_mla,
     "kimi_k2": moe.build_mla,
+    # DeepSeek Sparse Attention: indexer + sparse MLA, routed experts
+    "deepseek_v32": dsa.build,
+    "glm_moe_dsa": dsa.build,
     # gated DeltaNet linear attention interleaved with gated full attention
     "qwen3_next": hybrid.build,
     "qwen3_5": hybrid.build,

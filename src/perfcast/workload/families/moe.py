@@ -23,8 +23,10 @@ def _ffn_for(spec: MoeSpec, traits):
     return ffn
 
 
-def _build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...], stage: int,
-           attention) -> str:
+def build_with_attention(b: GraphBuilder, layers: tuple[int, int],
+                         entry_deps: tuple[str, ...], stage: int, attention) -> str:
+    """MoE decoder layers (dense-first layers, optional MTP modules) around a family's
+    attention block `attention(b, layers, deps, stage, kind)`."""
     m = b.model
     traits = traits_for(m)
     spec = MoeSpec.from_model(m)
@@ -46,7 +48,7 @@ def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] 
     def attention(b, run, deps, stage, kind):
         return gqa_attention(b, run, deps, stage, window=kind.window, traits=traits)
 
-    return _build(b, layers, entry_deps, stage, attention)
+    return build_with_attention(b, layers, entry_deps, stage, attention)
 
 
 def build_mla(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] = (),
@@ -56,4 +58,4 @@ def build_mla(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, .
     def attention(b, run, deps, stage, kind):
         return mla_attention(b, run, deps, stage)
 
-    return _build(b, layers, entry_deps, stage, attention)
+    return build_with_attention(b, layers, entry_deps, stage, attention)

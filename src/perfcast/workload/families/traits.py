@@ -48,6 +48,8 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "deepseek_v2": ArchTraits(),
     "deepseek_v3": ArchTraits(mtp_field="num_nextn_predict_layers"),
     "kimi_k2": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    "deepseek_v32": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    "glm_moe_dsa": ArchTraits(mtp_field="num_nextn_predict_layers"),
     # hybrid gated DeltaNet + gated full attention (multimodal wrappers: *_text)
     **{t: ArchTraits(qk_norm="per_head", shared_expert_gate=True, output_gate=True,
                      mtp_field="mtp_num_hidden_layers")
