@@ -20,10 +20,13 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "mistral": dense.build,
     "qwen2": dense.build,
     "qwen3": dense.build,
+    "qwen3_vl_text": dense.build,  # language model of Qwen3-VL
+    "mimo": dense.build,  # Qwen2-style MiMo-7B (its MTP layers are not built)
     # GQA attention + routed experts
     "mixtral": moe.build,
     "qwen2_moe": moe.build,
     "qwen3_moe": moe.build,
+    "qwen3_vl_moe_text": moe.build,
     "gpt_oss": moe.build,
     "minimax_m2": moe.build,
     # multi-head latent attention + routed experts

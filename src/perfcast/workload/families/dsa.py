@@ -84,6 +84,9 @@ class SparseMla:
     index_heads: int
     index_head_dim: int
     rope_dim: int
+    # layers whose indexer is `shared` reuse the top-k of the last full indexer layer
+    # (GLM-5.2 `indexer_types`): no indexer weights, cache or scoring of their own
+    shared: bool = False
 
     @staticmethod
     def for_model(b: GraphBuilder) -> SparseMla:
@@ -94,6 +97,8 @@ class SparseMla:
 
     def indexer(self, b: GraphBuilder, layers, stage: int, *, q_latent: str | None,
                 hidden_deps: tuple[str, ...], deps: tuple[str, ...]) -> str:
+        if self.shared:
+            return deps[0]
         m, tp = b.model, b.plan.tp
         hi, di = self.index_heads, self.index_head_dim
         q_lora = int(m.raw["q_lora_rank"])
@@ -185,15 +190,39 @@ class SparseMla:
                          extra=attrs)
 
 
+INDEXER_TYPES = {"full": False, "shared": True}  # `indexer_types` entry -> shared
+
+
+def dsa_kinds(model: ModelSpec):
+    """Layer kinds with mixer `dsa` (own indexer) or `dsa_shared` (`indexer_types`)."""
+    from dataclasses import replace
+
+    from perfcast.workload.families.traits import layer_kinds
+
+    kinds = layer_kinds(model, moe=True)
+    types = model.raw.get("indexer_types") or ["full"] * model.num_layers
+    if len(types) < model.num_layers or any(t not in INDEXER_TYPES for t in types):
+        raise ConfigError(f"has value {list(types)!r}", source=model.source,
+                          field="indexer_types",
+                          expected=f"one of {', '.join(INDEXER_TYPES)} per layer")
+    return [replace(k, mixer="dsa_shared" if INDEXER_TYPES[types[i]] else "dsa")
+            for i, k in enumerate(kinds)]
+
+
 def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] = (),
           stage: int = 0) -> str:
     """DSA (sparse MLA + indexer) attention + MoE FFN with dense-first layers."""
+    from dataclasses import replace
+
     from perfcast.workload.families.mla import mla_attention
     from perfcast.workload.families.moe import build_with_attention
 
-    sparse = SparseMla.for_model(b)
+    full = SparseMla.for_model(b)
+    shared = replace(full, shared=True)
 
     def attention(b, run, deps, stage, kind):
-        return mla_attention(b, run, deps, stage, sparse=sparse)
+        return mla_attention(b, run, deps, stage,
+                             sparse=shared if kind.mixer == "dsa_shared" else full)
 
-    return build_with_attention(b, layers, entry_deps, stage, attention)
+    return build_with_attention(b, layers, entry_deps, stage, attention,
+                                kinds=dsa_kinds(b.model))

@@ -48,6 +48,9 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "deepseek_v2": ArchTraits(),
     "deepseek_v3": ArchTraits(mtp_field="num_nextn_predict_layers"),
     "kimi_k2": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    "qwen3_vl_text": ArchTraits(qk_norm="per_head"),
+    "qwen3_vl_moe_text": ArchTraits(qk_norm="per_head"),
+    "mimo": ArchTraits(qkv_bias=True),
     "deepseek_v32": ArchTraits(mtp_field="num_nextn_predict_layers"),
     "glm_moe_dsa": ArchTraits(mtp_field="num_nextn_predict_layers"),
     # hybrid gated DeltaNet + gated full attention (multimodal wrappers: *_text)
@@ -63,7 +66,8 @@ EXPERT_INTER_KEYS = ("moe_intermediate_size", "intermediate_size")
 SHARED_INTER_KEYS = ("shared_expert_intermediate_size", "shared_intermediate_size")
 
 # Attention kinds a `layer_types` entry may name, and the window each one uses.
-LAYER_TYPE_WINDOWED = {"full_attention": False, "sliding_attention": True}
+LAYER_TYPE_WINDOWED = {"full_attention": False, "sliding_attention": True,
+                       "deepseek_sparse_attention": False}
 
 
 def traits_for(model: ModelSpec) -> ArchTraits:
