@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, dsa, hybrid, moe
+from perfcast.workload.families import dense, dsa, hybrid, llama4, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -33,6 +33,9 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "deepseek_v2": moe.build_mla,
     "deepseek_v3": moe.build_mla,
     "kimi_k2": moe.build_mla,
+    # interleaved MoE/dense layers, chunked local + global NoPE attention
+    "llama4_text": llama4.build,
+    "llama4": llama4.build,
     # DeepSeek Sparse Attention: indexer + sparse MLA, routed experts
     "deepseek_v32": dsa.build,
     "glm_moe_dsa": dsa.build,

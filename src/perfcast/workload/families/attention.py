@@ -21,7 +21,7 @@ def segment_suffix(b: GraphBuilder, i: int) -> str:
 
 
 def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int,
-                  *, window: int | None, traits: ArchTraits) -> str:
+                  *, window: int | None, traits: ArchTraits, chunk: int | None = None) -> str:
     """QKV projection, optional q/k norm, RoPE, cache write, attention per batch segment,
     output projection and the TP all-reduce. Returns the last lineage."""
     m = b.model
@@ -72,7 +72,8 @@ def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
         attn_deps = (b.attention(
             "attn.core" + segment_suffix(b, i), q_heads=heads, kv_heads=kv_heads, qk_head_dim=d,
             v_head_dim=d, num_requests=seg.num_requests, q_tokens=seg.q_tokens,
-            context_tokens=seg.context_tokens, window=window, layers=layers, deps=attn_deps,
+            context_tokens=seg.context_tokens, window=window, chunk=chunk, layers=layers,
+            deps=attn_deps,
             stage=stage, extra=dict(sinks) if i == 0 else
             {k: v for k, v in sinks.items() if not k.startswith("weight")},
             axes={"sinks": True} if sinks else None),)
