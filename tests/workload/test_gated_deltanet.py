@@ -42,7 +42,7 @@ def test_param_count_matches_published_total():
     per_gdn = (H * (2 * HK * DK + 2 * HV * DV) + H * 2 * HV + CONV * K + 2 * HV + DV
                + HV * DV * H)
     got = sum(t.attributes.get("weight_params", 0) for t in g.tasks
-              if t.lineage.startswith("L0-2.gdn."))
+              if t.lineage.startswith("L0-56:4.gdn."))
     assert got == per_gdn
 
 
@@ -75,14 +75,14 @@ def test_decode_work_and_state_independent_of_context():
 
 def test_decode_recurrent_update_by_hand():
     g = graph(batch=Batch.decode(8, 4096))
-    core = task(g, "L0-2.gdn.core")
+    core = task(g, "L0-56:4.gdn.core")
     assert core.operation == "gdn_decode"
     assert core.work.flops == 8 * (HV * (7 * DK * DV + 2 * DV) + 6 * HK * DK + 10 * HV)
     state = HV * DK * DV * 4
     qkv = 8 * CONV * 2
     assert core.work.bytes_read == qkv + 8 * 2 * HV * 4 + 8 * state
     assert core.work.bytes_written == 8 * HV * DV * 2 + 8 * state
-    conv = task(g, "L0-2.gdn.conv1d")
+    conv = task(g, "L0-56:4.gdn.conv1d")
     assert conv.work.flops == 8 * CONV * (2 * K + 4)
     assert conv.operator == "tensor_cast.causal_conv1d_update.default"
     ax = core.work.axes
@@ -96,13 +96,13 @@ def test_prefill_chunked_scan_by_hand():
     assert chunk_flops(64, DK, DV) == f(64)
     assert prefill_rule_flops(100, DK, DV) == f(64) + f(36)
     g = graph(batch=Batch.prefill(2, 100))
-    core = task(g, "L0-2.gdn.core")
+    core = task(g, "L0-56:4.gdn.core")
     assert core.operation == "gdn_prefill"
     assert core.operator == "tensor_cast.chunk_gated_delta_rule.default"
     assert core.work.flops == 2 * HV * (f(64) + f(36)) + 200 * (6 * HK * DK + 10 * HV)
     # linear in the prompt length once it spans whole chunks
-    a = task(graph(batch=Batch.prefill(1, 8192)), "L0-2.gdn.core").work.flops
-    b = task(graph(batch=Batch.prefill(1, 16384)), "L0-2.gdn.core").work.flops
+    a = task(graph(batch=Batch.prefill(1, 8192)), "L0-56:4.gdn.core").work.flops
+    b = task(graph(batch=Batch.prefill(1, 16384)), "L0-56:4.gdn.core").work.flops
     assert b == pytest.approx(2 * a, rel=1e-12)
 
 
@@ -118,7 +118,7 @@ def test_tp_splits_heads_and_conserves_work():
         assert _gdn_flops(g) == pytest.approx(_gdn_flops(base) * plan.dp, rel=1e-9)
         if plan.tp <= 2:  # beyond 2 TP ranks the 2 KV heads are replicated (redundant work)
             assert g.unique_flops() == pytest.approx(base.unique_flops() * plan.dp, rel=1e-9)
-        core = task(g, "L0-2.gdn.core")
+        core = task(g, "L0-56:4.gdn.core")
         assert core.work.axes["num_v_heads"] == HV // plan.tp
         assert g.param_count() == pytest.approx(base.param_count(), rel=1e-12)
     with pytest.raises(ConfigError, match="linear_num_key_heads"):
@@ -153,8 +153,8 @@ def test_quantised_checkpoint_keeps_linear_attention_in_bf16():
     # the NVFP4 checkpoint excludes linear_attn*, self_attn* and the shared experts
     g = build_task_graph(load_model_spec("nvidia/Qwen3.5-397B-A17B-NVFP4"), ParallelPlan(),
                          Batch.decode(1, 100))
-    assert task(g, "L0-2.gdn.in_proj_qkvz").attributes["weight_dtype"] == "bf16"
-    assert task(g, "L0-2.moe.experts").attributes["weight_dtype"] == "nvfp4"
+    assert task(g, "L0-56:4.gdn.in_proj_qkvz").attributes["weight_dtype"] == "bf16"
+    assert task(g, "L0-56:4.moe.experts").attributes["weight_dtype"] == "nvfp4"
 
 
 def test_missing_linear_attention_field_is_named():
@@ -162,3 +162,20 @@ def test_missing_linear_attention_field_is_named():
     raw = {k: v for k, v in m.raw.items() if k != "linear_num_value_heads"}
     with pytest.raises(ConfigError, match="linear_num_value_heads"):
         build_task_graph(replace(m, raw=freeze(raw)), ParallelPlan(), Batch.decode(1, 10))
+
+
+def test_pattern_built_as_four_strided_runs_and_scheduled():
+    from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+    from perfcast.hardware import load_system
+
+    g = graph()
+    runs = {t.lineage.split(".")[0]: t.attributes.get("layer_step") for t in g.tasks
+            if t.layers}
+    assert runs == {"L0-56:4": 4, "L1-57:4": 4, "L2-58:4": 4, "L3-59:4": 4}
+    assert len(g.tasks) < 100  # 3 linear + 1 full run, not 15 + 1
+    system = load_system("h200_sxm")
+    for plan in (ParallelPlan(), ParallelPlan(pp=2)):
+        r = estimate_step(EstimateRequest(model=load_model_spec(Q397), device=system,
+                                          plan=plan, batch=Batch.decode(16, 8192)),
+                          make_resolver(system))
+        assert 0 < r.latency_s < float("inf")

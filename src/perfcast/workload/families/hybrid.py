@@ -17,7 +17,13 @@ from perfcast.workload.families.attention import gqa_attention
 from perfcast.workload.families.decoder import build_layers, mtp_modules
 from perfcast.workload.families.ffn import dense_mlp, moe_ffn
 from perfcast.workload.families.gated_deltanet import gated_deltanet
-from perfcast.workload.families.traits import LayerKind, MoeSpec, layer_kinds, traits_for
+from perfcast.workload.families.traits import (
+    LayerKind,
+    MoeSpec,
+    layer_kinds,
+    layer_runs,
+    traits_for,
+)
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.model_spec import ModelSpec
 
@@ -64,6 +70,24 @@ def hybrid_kinds(model: ModelSpec) -> list[LayerKind]:
     return [replace(k, mixer=mixers[i]) for i, k in enumerate(base)]
 
 
+def periodic_runs(kinds: list[LayerKind], first: int, last: int):
+    """Runs of layers first..last as strided runs over the layer pattern's period when
+    that gives fewer runs than `layer_runs`: Qwen3.5's 3 linear + 1 full pattern becomes
+    L0-56:4, L1-57:4, L2-58:4 (linear) and L3-59:4 (full) instead of 15 + 1 runs."""
+    greedy = layer_runs(kinds, first, last)
+    n = last - first + 1
+    period = next(p for p in range(1, n + 1)
+                  if all(kinds[i] == kinds[i + p] for i in range(first, last + 1 - p)))
+    if period >= len(greedy):
+        return greedy
+    runs = []
+    for offset in range(period):
+        start = first + offset
+        end = start + (last - start) // period * period
+        runs.append((kinds[start], (start, end, period if end > start else 1)))
+    return runs
+
+
 def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] = (),
           stage: int = 0) -> str:
     """Gated DeltaNet + full-attention layers, dense or MoE FFNs, optional MTP modules."""
@@ -83,7 +107,8 @@ def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] 
             return moe_ffn(b, run, deps, stage, spec=spec, traits=traits)
         return dense_mlp(b, run, deps, stage, inter=m.intermediate_size)
 
-    last = build_layers(b, layers, entry_deps, stage, kinds, attention, ffn)
+    last = build_layers(b, layers, entry_deps, stage, kinds, attention, ffn,
+                        grouping=periodic_runs)
     if layers[1] == m.num_layers - 1 and b.options.get("mtp_layers", 0):
         declared = int(m.raw.get(traits.mtp_field) or 0) if traits.mtp_field else 0
         mtp_kind = replace(kinds[-1], mixer="attention")
