@@ -27,9 +27,6 @@ from perfcast.workload.plan_spec import Batch, ParallelPlan
 UNSUPPORTED_FEATURES: dict[str, str] = {
     "minimax_m3": "MiniMax sparse attention (block top-k selection with index heads, "
                   "`sparse_attention_config`) and the clamped `swigluoai` activation",
-    "mimo_v2_flash": "per-layer-kind attention shapes: v_head_dim (128) != head_dim (192), "
-                     "sliding layers with their own KV heads (`swa_num_key_value_heads`) "
-                     "and sink bias, `hybrid_layer_pattern`",
     "deepseek_v4": "DeepSeek-V4 attention (compressed sparse / heavily compressed attention, "
                    "`compress_ratios`; grouped low-rank output `o_lora_rank`/`o_groups`), "
                    "hyper-connections (`hc_mult`) and hash-routed layers (`num_hash_layers`)",

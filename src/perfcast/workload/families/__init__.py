@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, dsa, hybrid, llama4, moe
+from perfcast.workload.families import dense, dsa, hybrid, llama4, mimo, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -36,6 +36,8 @@ FAMILIES: dict[str, FamilyBuilder] = {
     # interleaved MoE/dense layers, chunked local + global NoPE attention
     "llama4_text": llama4.build,
     "llama4": llama4.build,
+    # sliding/global GQA with per-kind shapes and sinks, routed experts
+    "mimo_v2_flash": mimo.build,
     # DeepSeek Sparse Attention: indexer + sparse MLA, routed experts
     "deepseek_v32": dsa.build,
     "glm_moe_dsa": dsa.build,
