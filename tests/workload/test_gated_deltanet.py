@@ -179,3 +179,31 @@ def test_pattern_built_as_four_strided_runs_and_scheduled():
                                           plan=plan, batch=Batch.decode(16, 8192)),
                           make_resolver(system))
         assert 0 < r.latency_s < float("inf")
+
+
+def test_aiconfigurator_gdn_rows_hit_our_task_keys():
+    """Every row of a real gdn_perf slice (SGLang 0.5.14, Qwen3.5-397B at TP4) maps onto the
+    operation, phase and axes of a task perfcast builds for the same step."""
+    import csv
+    from pathlib import Path
+
+    from perfcast.workload.families.gated_deltanet import (
+        AIC_GDN_AXES,
+        AIC_GDN_KERNELS,
+        AIC_GDN_PHASES,
+    )
+
+    path = (Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator"
+            / "gdn_perf_sglang0.5.14_qwen35_397b_tp4_slice.csv")
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert len(rows) == 12
+    for row in rows:
+        phase = AIC_GDN_PHASES[row["phase"]]
+        bs, seq = int(row["batch_size"]), int(row["seq_len"])
+        batch = Batch.decode(bs, 4096) if phase == "decode" else Batch.prefill(bs, seq)
+        g = graph(plan=ParallelPlan(tp=4), batch=batch)
+        op = AIC_GDN_KERNELS[row["kernel_source"]]
+        task_ = next(t for t in g.tasks if t.operation == op and t.layers == (0, 56))
+        assert task_.work.axes["phase"] == phase
+        for column, axis in AIC_GDN_AXES.items():
+            assert task_.work.axes[axis] == int(row[column]), (row["kernel_source"], column)

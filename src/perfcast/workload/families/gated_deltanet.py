@@ -54,6 +54,21 @@ GDN_OPERATORS = {
     "gdn_conv1d_decode": "tensor_cast.causal_conv1d_update.default",
 }
 
+# AIConfigurator `gdn_perf` rows -> perfcast tasks (data for an importer): kernel_source ->
+# operation, phase -> phase, column -> axis (values per TP rank on both sides)
+AIC_GDN_KERNELS = {
+    "causal_conv1d_fn": "gdn_conv1d",
+    "causal_conv1d_update": "gdn_conv1d",
+    "chunk_gated_delta_rule": "gdn_prefill",
+    "fused_recurrent_gated_delta_rule": "gdn_decode",
+    "fused_recurrent_gated_delta_rule_packed_decode": "gdn_decode",
+}
+AIC_GDN_PHASES = {"context": "prefill", "generation": "decode"}
+AIC_GDN_AXES = {"batch_size": "batch", "seq_len": "seq_len", "num_tokens": "num_tokens",
+                "d_model": "d_model", "d_conv": "d_conv", "num_k_heads": "num_k_heads",
+                "head_k_dim": "head_k_dim", "num_v_heads": "num_v_heads",
+                "head_v_dim": "head_v_dim"}
+
 
 def gdn_dims(model: ModelSpec) -> dict[str, int]:
     dims = {}
