@@ -25,6 +25,10 @@ from typing import Any
 from perfcast.core.errors import PerfcastError
 
 
+# Same output as json.dumps(s, ensure_ascii=False), without its per-call overhead.
+_json_str = json.encoder.encode_basestring
+
+
 class CanonicalEncodingError(PerfcastError, ValueError):
     """A value has no canonical form (NaN, infinity, an unsupported type)."""
 
@@ -41,7 +45,30 @@ def _float_token(value: float, path: str) -> str:
     return text
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _canonical_fields(cls: type) -> tuple[str, ...]:
+    """Names of a dataclass's canonical fields (cached per class: fields never change)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(cls)
+                      if f.metadata.get("canonical", True))
+        _FIELD_NAMES[cls] = names
+    return names
+
+
 def _encode(value: Any, path: str, out: list[str]) -> None:
+    kind = type(value)  # exact-type fast paths for the common scalars
+    if kind is str:
+        out.append(_json_str(value))
+        return
+    if kind is float:
+        out.append(_float_token(value, path))
+        return
+    if kind is int:
+        out.append(str(value))
+        return
     if value is None:
         out.append("null")
     elif value is True:
@@ -59,14 +86,21 @@ def _encode(value: Any, path: str, out: list[str]) -> None:
     elif isinstance(value, float):
         out.append(_float_token(value, path))
     elif isinstance(value, str):
-        out.append(json.dumps(value, ensure_ascii=False))
+        out.append(_json_str(value))
     elif isinstance(value, bytes):
         raise CanonicalEncodingError(f"bytes are not canonical at {path or '<root>'}")
+    elif isinstance(value, Record):
+        # frozen records encode the same every time: keep their text (shared contexts,
+        # system profiles and specs are encoded once, not once per query)
+        text = value.__dict__.get("_canonical_text")
+        if text is None:
+            sub: list[str] = []
+            _encode_dataclass(value, path, sub)
+            text = "".join(sub)
+            object.__setattr__(value, "_canonical_text", text)
+        out.append(text)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
-                  if f.metadata.get("canonical", True)}
-        fields["$type"] = type(value).__name__
-        _encode_mapping(fields, path, out)
+        _encode_dataclass(value, path, out)
     elif isinstance(value, Mapping):
         _encode_mapping(value, path, out)
     elif isinstance(value, (list, tuple)):
@@ -91,6 +125,34 @@ def _encode(value: Any, path: str, out: list[str]) -> None:
             f"no canonical form for {type(value).__name__} at {path or '<root>'}")
 
 
+_LAYOUTS: dict[type, tuple[tuple[str | None, str], ...]] = {}
+
+
+def _layout(cls: type) -> tuple[tuple[str | None, str], ...]:
+    """(field name or None for "$type", text before its value) in sorted key order,
+    cached per class: the same bytes as encoding {**fields, "$type": name} as a mapping."""
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        items = []
+        for i, name in enumerate(sorted([*_canonical_fields(cls), "$type"])):
+            sep = "," if i else ""
+            if name == "$type":
+                items.append((None, f'{sep}"$type":{_json_str(cls.__name__)}'))
+            else:
+                items.append((name, f"{sep}{_json_str(name)}:"))
+        layout = _LAYOUTS[cls] = tuple(items)
+    return layout
+
+
+def _encode_dataclass(value: Any, path: str, out: list[str]) -> None:
+    out.append("{")
+    for name, text in _layout(type(value)):
+        out.append(text)
+        if name is not None:
+            _encode(getattr(value, name), path + "." + name, out)
+    out.append("}")
+
+
 def _encode_mapping(mapping: Mapping, path: str, out: list[str]) -> None:
     keys = list(mapping.keys())
     for k in keys:
@@ -101,7 +163,7 @@ def _encode_mapping(mapping: Mapping, path: str, out: list[str]) -> None:
     for i, key in enumerate(sorted(keys)):
         if i:
             out.append(",")
-        out.append(json.dumps(key, ensure_ascii=False))
+        out.append(_json_str(key))
         out.append(":")
         _encode(mapping[key], f"{path}.{key}", out)
     out.append("}")
