@@ -1,0 +1,71 @@
+import json
+
+from typer.testing import CliRunner
+
+from perfcast.cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    result = runner.invoke(app, list(args), env={"COLUMNS": "250"})
+    return result
+
+
+def test_json_fields_and_consistency():
+    r = run("estimate", "meta-llama/Llama-3.1-70B", "--device", "h100_sxm", "--tp-size", "8",
+            "--num-queries", "64", "--query-length", "1", "--context-length", "4096", "--decode",
+            "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for key in ("latency_s", "tokens_per_s_per_device", "work", "memory_bytes", "ops"):
+        assert key in doc
+    assert set(doc["memory_bytes"]) >= {"weights", "kv_cache", "activations", "total", "capacity"}
+    op = doc["ops"][0]
+    assert set(op) >= {"lineage", "operator", "count", "latency_s", "method", "provider",
+                       "flops", "bytes"}
+    assert abs(sum(o["latency_s"] for o in doc["ops"]) - doc["latency_s"]) < 1e-12
+    assert abs(sum(o["flops"] for o in doc["ops"]) - doc["work"]["flops"]) <= 1e-6 * doc["work"]["flops"]
+    assert doc["tokens_per_s_per_device"] == 64 / doc["latency_s"] / 8
+    # 70B bf16 over 8 GPUs is about 17.6 GB of weights per device
+    assert 16e9 < doc["memory_bytes"]["weights"] < 18.5e9
+    assert {o["method"] for o in doc["ops"]} == {"analytical"}
+    assert any(o["operator"] == "tensor_cast.all_reduce.default" for o in doc["ops"])
+
+
+def test_table_output_and_memory_warning():
+    r = run("estimate", "meta-llama/Llama-3.1-405B", "--device", "h100_sxm", "--tp-size", "1",
+            "--query-length", "16")
+    assert r.exit_code == 0, r.output
+    assert "does not fit" in r.output
+    assert "tokens/s per device" in r.output
+
+
+def test_chrome_trace_is_valid_trace_event_json(tmp_path):
+    trace = tmp_path / "t.json"
+    r = run("estimate", "Qwen/Qwen3-8B", "--tp-size", "2", "--query-length", "128",
+            "--chrome-trace", str(trace), "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 for e in spans)
+    assert {e["name"] for e in events if e["ph"] == "M"} >= {"process_name", "thread_name"}
+    # every layer appears: 36 layers of Qwen3-8B
+    assert any(e["name"].startswith("L35.") for e in spans)
+
+
+def test_dump_input_shapes_groups_by_shape():
+    r = run("estimate", "Qwen/Qwen3-8B", "--query-length", "64", "--dump-input-shapes")
+    assert r.exit_code == 0, r.output
+    assert "input shapes" in r.output
+    assert "64,4096;4096,6144" in r.output  # qkv_proj: [tokens, hidden] x [hidden, (32+2*8)*128]
+
+
+def test_errors_are_one_clear_line():
+    r = run("estimate", "no/such-model")
+    assert r.exit_code == 2
+    r = run("estimate", "Qwen/Qwen3-8B", "--device", "nope")
+    assert r.exit_code == 2 and "unknown device 'nope'" in r.output
+    r = run("estimate", "Qwen/Qwen3-8B", "--decode")
+    assert r.exit_code == 2 and "--context-length" in r.output
