@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, estimate
+from perfcast.cli import catalog, collect, estimate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
 app.command("estimate")(estimate.estimate_command)
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
+app.add_typer(collect.app, name="collect")
 
 
 def main() -> None:  # pragma: no cover

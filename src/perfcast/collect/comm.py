@@ -163,7 +163,8 @@ def _run_point(dist, torch, op: str, elems: int, n: int, rank: int, group, dtype
         buf = torch.ones(elems, dtype=dtype, device=device)
         fn = ((lambda: dist.send(buf, dst=1)) if rank == 0 else  # noqa: E731
               (lambda: dist.recv(buf, src=0)))
-    sync = (torch.cuda.synchronize if device.type == "cuda" else lambda: None)
+    sync = {"cuda": lambda: torch.cuda.synchronize(device),
+            "npu": lambda: torch.npu.synchronize()}.get(device.type, lambda: None)
     for _ in range(cfg.warmup):
         fn()
     sync()
@@ -191,6 +192,11 @@ def sweep(cfg: CommBenchConfig, rank: int, world_size: int) -> dict:
     if cfg.backend == "nccl":
         device = torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
+    elif cfg.backend == "hccl":  # pragma: no cover - needs an NPU
+        import torch_npu  # noqa: F401
+
+        device = torch.device("npu", rank % max(torch.npu.device_count(), 1))
+        torch.npu.set_device(device)
     elem = dtype_bytes(cfg.canonical_dtype)
     result: dict = {"measurements": [], "failures": {}, "skipped": []}
     groups = {}

@@ -124,7 +124,7 @@ def parse_shapes(text: str, *, source: str = "", row: int | None = None,
     """`"4,16;16,8;"` -> ((4, 16), (16, 8), None). An empty slot is an absent tensor.
     Raises ConfigError naming file, row and column on a malformed cell."""
     text = strip_quotes(text)
-    if not text:
+    if not text or text.upper() in ("N/A", "NA"):
         return ()
     out: list[tuple[int, ...] | None] = []
     for slot in text.split(";"):

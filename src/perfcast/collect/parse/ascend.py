@@ -114,6 +114,7 @@ def _sample(row: dict[str, str], layout: AscendLayout, counters: list[str], src:
            CORE: (row.get(layout.core_column) or "").strip()}
     for col in SHAPE_COLUMNS:
         text = strip_quotes(row.get(col) or "")
+        text = "" if text.upper() in ("N/A", "NA") else text
         if col in (INPUT_SHAPES, OUTPUT_SHAPES):
             parse_shapes(text, source=src, row=lineno, column=col)  # validate
         key[col] = text
