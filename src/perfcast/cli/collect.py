@@ -141,7 +141,7 @@ def comm_command(
     topology_tier: Annotated[Optional[int], typer.Option(
         "--topology-tier", help="0 inter-pod, 1 intra-pod, 2 die-level (default: from grid)")] = None,
     grid_shape: Annotated[tuple[int, int, int], typer.Option(
-        "--grid-shape", help="pods, chips per pod, dies per chip")] = (48, 8, 2),
+        "--grid-shape", help="nodes per pod, chips per node, dies per chip")] = (48, 8, 2),
     dtype: Annotated[str, typer.Option("--dtype", help="tensor dtype")] = "torch.bfloat16",
     bytes_grid: Annotated[Optional[list[str]], typer.Option(
         "--bytes-grid", help="message_bytes values")] = None,

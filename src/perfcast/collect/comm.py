@@ -13,8 +13,9 @@ starts after a barrier; the median resists scheduler noise, the mean is kept in
 `Mean Duration(us)`); `bandwidth_gbps` = message_bytes / Duration, in GB/s (1e9 B/s).
 
 `topology_tier` (0 inter-pod, 1 intra-pod, 2 die-level) is `--topology-tier` when given,
-else derived from `--grid-shape` (pods, chips per pod, dies per chip; A3 default 48 8 2):
-a group within one chip's dies is tier 2, within one pod tier 1, larger groups tier 0.
+else derived from `--grid-shape` (nodes per pod, chips per node, dies per chip; A3
+SuperPoD default 48 8 2 = 768 dies): a group within one chip's dies is tier 2, within
+one pod (48 x 8 x 2 dies) tier 1, larger groups tier 0.
 
 Launch: under torchrun (RANK/WORLD_SIZE set) every rank runs the sweep and rank 0
 writes; otherwise `world_size` local processes are spawned on 127.0.0.1 (gloo on CPU,
@@ -89,7 +90,8 @@ class CommBenchConfig:
                               expected="0 (inter-pod), 1 (intra-pod) or 2 (die-level)")
         if len(self.grid_shape) != 3 or any(g < 1 for g in self.grid_shape):
             raise ConfigError(f"has value {list(self.grid_shape)}", field="--grid-shape",
-                              expected="three positive integers: pods, chips per pod, dies per chip")
+                              expected="three positive integers: nodes per pod, chips per node, "
+                                       "dies per chip")
         parse_dtype(self.dtype, field="--dtype")
         if self.iterations < 1 or self.warmup < 0:
             raise ConfigError("iterations must be >= 1 and warm-up >= 0", field="--iterations")
@@ -105,10 +107,10 @@ class CommBenchConfig:
 
 
 def topology_tier_for(num_devices: int, grid_shape: Sequence[int] = DEFAULT_GRID_SHAPE) -> int:
-    pods, chips, dies = grid_shape
+    nodes, chips, dies = grid_shape
     if num_devices <= dies:
         return 2
-    if num_devices <= chips * dies:
+    if num_devices <= nodes * chips * dies:
         return 1
     return 0
 
