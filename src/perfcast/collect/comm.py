@@ -5,9 +5,12 @@ all_gather -> `hcom_allGather_.csv`, reduce_scatter -> `hcom_reduceScatter_.csv`
 all_to_all -> `hcom_alltoallv_.csv`, send_recv -> `hcom_send_.csv`.
 
 Columns: `message_bytes, num_devices, dtype, topology_tier, Duration(us), bandwidth_gbps`
-(+ `Median Duration(us), Std Duration(us), Count`). `message_bytes` is the per-device
-buffer, perfcast's collective convention: all_reduce its tensor, all_gather the gathered
-output, reduce_scatter the full input, all_to_all the send buffer, send_recv the message.
+(+ `Mean Duration(us), Std Duration(us), Count`). `message_bytes` follows HCCL's
+counting, as TensorCast's communication path reads it: all_reduce the tensor, all_gather
+each rank's input (the gathered output is `num_devices` times larger), reduce_scatter
+each rank's output (the input is `num_devices` times larger), all_to_all each rank's
+send buffer, send_recv the message. (perfcast's task convention counts the full buffer
+for all_gather/reduce_scatter; `collect.evidence` converts.)
 `Duration(us)` is the median over iterations of the slowest rank's time (each iteration
 starts after a barrier; the median resists scheduler noise, the mean is kept in
 `Mean Duration(us)`); `bandwidth_gbps` = message_bytes / Duration, in GB/s (1e9 B/s).
@@ -133,11 +136,15 @@ class CommResult:
 
 # -- worker side (runs in every rank) -----------------------------------------------------
 def _elements(op: str, message_bytes: int, n: int, elem: float) -> int | None:
+    """Elements of the largest buffer of one rank (the gathered output, the scattered
+    input, the send buffer, the tensor), or None when the size does not divide."""
     elems = message_bytes / elem
     if elems != int(elems):
         return None
     elems = int(elems)
-    if op in ("all_gather", "reduce_scatter", "all_to_all") and elems % n:
+    if op in ("all_gather", "reduce_scatter"):
+        return elems * n
+    if op == "all_to_all" and elems % n:
         return None
     return elems
 
@@ -216,8 +223,8 @@ def sweep(cfg: CommBenchConfig, rank: int, world_size: int) -> dict:
                 for mb in cfg.bytes_grid:
                     elems = _elements(op, mb, n, elem)
                     if elems is None:
-                        result["skipped"].append(f"{op}: {mb} bytes is not divisible into "
-                                                 f"{n} x {elem:g}-byte elements")
+                        result["skipped"].append(f"{op}: {mb} bytes do not split into "
+                                                 f"{elem:g}-byte elements over {n} ranks")
                         continue
                     if rank < n:
                         times = _run_point(dist, torch, op, elems, n, rank, group, dtype, cfg,
