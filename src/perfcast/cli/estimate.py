@@ -9,12 +9,18 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from perfcast.cli.errors import user_errors
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.estimate import EstimateRequest, estimate_step
 from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision
+
+PERFORMANCE_MODELS = ("analytic", "profiling")
+# `--performance-model analytic profiling` (list form): the names after the first reach
+# the command as extra arguments, so the command accepts extra args (see cli/main.py).
+CONTEXT_SETTINGS = {"allow_extra_args": True}
 
 
 class OutputFormat(str, Enum):
@@ -61,25 +67,135 @@ def estimate_command(
     dump_input_shapes: Annotated[bool, typer.Option("--dump-input-shapes",
                                                     help="group the table by operator and input shape")] = False,
     attempts: Annotated[bool, typer.Option("--attempts", help="include resolver attempts in JSON")] = False,
+    performance_model: Annotated[Optional[list[str]], typer.Option(
+        "--performance-model", help="analytic | profiling, or both: "
+                                    "--performance-model analytic profiling")] = None,
+    profiling_database: Annotated[Optional[Path], typer.Option(
+        "--profiling-database", help="directory with op_mapping.yaml and kernel CSVs "
+                                     "(required by the profiling model)")] = None,
+    interpolate: Annotated[bool, typer.Option(
+        "--interpolate", help="profiling model: interpolate between bracketing measured "
+                              "rows after an exact miss (never extrapolates)")] = False,
+    export_empirical_metrics: Annotated[Optional[Path], typer.Option(
+        "--export-empirical-metrics", help="write M1-M5 coverage metrics and misses "
+                                           "(JSON); needs the profiling model")] = None,
+    ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
     with user_errors():
+        extra = list(ctx.args) if ctx is not None else []
+        model, models = performance_models(model, performance_model, extra)
+        check_profiling_options(models, profiling_database, interpolate,
+                                export_empirical_metrics)
         batch = build_batch(num_queries, query_length, context_length, decode, decode_queries,
                             decode_context_length)
         precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value) if dtype else None
         request = EstimateRequest(model=model, device=device,
                                   plan=ParallelPlan(tp=tp_size, pp=pp_size), batch=batch,
                                   precision=precision, logits=logits, roofline_mode=roofline_mode)
-        result = estimate_step(request)
+        results = {}
+        for name in models:
+            resolver = None
+            if name == "profiling":
+                resolver = profiling_resolver(request, profiling_database, interpolate)
+            results[name] = estimate_step(request, resolver)
+        metrics = None
+        if "profiling" in results:
+            from perfcast.evidence.profiling.metrics import MetricsCollector
+
+            collector = MetricsCollector()
+            collector.collect_from_costed(results["profiling"].costed)
+            metrics = collector.export_hit_miss_report(export_empirical_metrics)
         if chrome_trace:
             from perfcast.report.chrome_trace import write_chrome_trace
 
-            write_chrome_trace(result, chrome_trace)
+            for name, result in results.items():
+                path = chrome_trace if len(results) == 1 else chrome_trace.with_name(
+                    f"{chrome_trace.stem}.{name}{chrome_trace.suffix}")
+                write_chrome_trace(result, path)
         if output_format is OutputFormat.json:
             from perfcast.report.step import step_json
 
-            typer.echo(json.dumps(step_json(result, include_attempts=attempts), indent=2))
+            docs = {name: step_json(r, include_attempts=attempts) for name, r in results.items()}
+            if metrics is not None:
+                docs["profiling"]["empirical_metrics"] = {k: metrics[k] for k in
+                                                          ("m1", "m2", "m3", "m5")}
+            doc = next(iter(docs.values())) if len(docs) == 1 else {"models": docs}
+            typer.echo(json.dumps(doc, indent=2))
         else:
             from perfcast.report.tables import print_step
 
-            print_step(result, Console(), by_shape=dump_input_shapes)
+            console = Console()
+            for name, result in results.items():
+                if len(results) > 1:
+                    console.rule(f"performance model: {name}")
+                print_step(result, console, by_shape=dump_input_shapes)
+            if metrics is not None:
+                print_metrics_summary(metrics, console)
+
+
+def performance_models(model: str, option: list[str] | None, extra: list[str]
+                       ) -> tuple[str, list[str]]:
+    """(model argument, performance models) from `--performance-model a b` whose later
+    names arrive as extra arguments; repeated flags are accepted too."""
+    names = list(option or [])
+    rest = []
+    for arg in extra:
+        (names if arg in PERFORMANCE_MODELS else rest).append(arg)
+    if model in PERFORMANCE_MODELS and names and len(rest) == 1:
+        # `estimate --performance-model analytic profiling MODEL`: MODEL came last
+        names.append(model)
+        model, rest = rest[0], []
+    if rest:
+        raise ConfigError(f"unexpected argument(s) {' '.join(rest)!r}",
+                          expected="one MODEL and --performance-model names among "
+                                   + ", ".join(PERFORMANCE_MODELS))
+    out: list[str] = []
+    for n in names or ["analytic"]:
+        if n not in PERFORMANCE_MODELS:
+            raise ConfigError(f"unknown performance model {n!r}", field="--performance-model",
+                              expected=" and/or ".join(PERFORMANCE_MODELS))
+        if n not in out:
+            out.append(n)
+    return model, out
+
+
+def check_profiling_options(models: list[str], database: Path | None, interpolate: bool,
+                            export: Path | None) -> None:
+    if "profiling" in models and database is None:
+        raise ConfigError("the profiling performance model needs a profiling database",
+                          field="--profiling-database",
+                          expected="a directory holding op_mapping.yaml and kernel CSVs")
+    if "profiling" not in models:
+        for flag, value in (("--interpolate", interpolate), ("--export-empirical-metrics", export)):
+            if value:
+                raise ConfigError("only applies to the profiling performance model", field=flag,
+                                  expected="--performance-model profiling (or analytic profiling)")
+
+
+def profiling_resolver(request: EstimateRequest, database: Path, interpolate: bool):
+    """Profiling first, the analytic providers after it: one resolver, one cost path."""
+    from perfcast.estimate import make_resolver
+    from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
+    from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+    from perfcast.hardware import load_system
+
+    system = load_system(request.device) if isinstance(request.device, str) else request.device
+    source = ProfilingDataSource(database, system, request.plan)
+    if interpolate:
+        source = InterpolatingDataSource(source)
+    analytic = make_resolver(system, roofline_mode=request.roofline_mode)
+    provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic)
+    return make_resolver(system, [provider], roofline_mode=request.roofline_mode)
+
+
+def print_metrics_summary(metrics: dict, console: Console) -> None:
+    m1, m2, m3, m4, m5 = (metrics[k] for k in ("m1", "m2", "m3", "m4", "m5"))
+    console.print(f"profiling coverage: M1 {m1['m1_raw_op_count_hr']:.1%} "
+                  f"({m1['m1_hit']}/{m1['m1_total']} calls)   M2 {m2['m2_fused_op_hr']:.1%}   "
+                  f"M3 {m3['m3_fused_op_hr_no_zc']:.1%}   M4 {m4['m4_per_shape_hr']:.1%}   "
+                  f"M5 {m5['m5_simulated_latency_coverage']:.1%}")
+    for reason, group in metrics["miss_groups"].items():
+        ops = ", ".join(f"{op} (x{n})" for op, n in group["ops"].items())
+        console.print(escape(f"  miss [{reason}] {group['label']}: {ops}"))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, collect, estimate
+from perfcast.cli import catalog, collect, estimate, profiling
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
-app.command("estimate")(estimate.estimate_command)
+app.command("estimate", context_settings=estimate.CONTEXT_SETTINGS)(estimate.estimate_command)
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
+app.add_typer(profiling.app, name="profiling")
 app.add_typer(collect.app, name="collect")
 
 

@@ -80,6 +80,10 @@ class CostQuery(Record):
     context: CostQueryContext = field(default_factory=CostQueryContext)
     operator: str = ""                      # TensorCast operator name, e.g. aten.mm.default
     zero_cost: bool = False                 # declared: a view/metadata op
+    # The task's tensors (TensorSpec: shape, dtype, format), for shape-keyed evidence
+    # such as TensorCast profiling databases. Empty when the caller has none.
+    inputs: tuple = ()
+    outputs: tuple = ()
 
     DIGEST_DOMAIN = "perfcast.CostQuery"
 
@@ -117,6 +121,9 @@ class CostEstimate(Record):
     assumptions: tuple[str, ...] = ()
     bottleneck: str = ""        # compute | memory | comm | launch | measured
     confidence: float = 1.0     # 0..1; measured exact = 1.0
+    # Provider-specific debug facts shown in reports and traces (e.g. the profiling
+    # path's source, kernel_type, shape_match_rule, kernel_shapes).
+    statistics: FrozenDict[str, DimValue] = field(default_factory=FrozenDict)
 
     DIGEST_DOMAIN = "perfcast.CostEstimate"
 

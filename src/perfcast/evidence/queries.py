@@ -18,4 +18,5 @@ def query_for_task(task: Task, hardware: str,
         engine=w.engine.value, flops=w.flops, bytes_read=w.bytes_read,
         bytes_written=w.bytes_written, message_bytes=w.message_bytes,
         participants=w.participants, network_tier=str(w.axes.get("tier", "")), dims=dims,
-        context=ctx, operator=task.operator, zero_cost=task.kind is TaskKind.VIEW)
+        context=ctx, operator=task.operator, zero_cost=task.kind is TaskKind.VIEW,
+        inputs=task.inputs, outputs=task.outputs)

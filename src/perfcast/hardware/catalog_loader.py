@@ -13,6 +13,7 @@ from perfcast.core.dtypes import DType
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.hardware.model import (
+    CommGrid,
     Device,
     Efficiency,
     Engine,
@@ -152,10 +153,39 @@ def system_from_mapping(data: Any, source: str, expected_name: str | None = None
             latency_s=r.get(node, "latency_us", path, "number") * MICRO,
             efficiency=efficiency, topology=topology, group_capacity=capacity))
     sources = r.get(data, "sources", "", "list", required=False, default=[])
+    grid = _comm_grid(r, data, {t.name for t in tiers})
     return System(name=name, description=r.get(data, "description", "", "str", required=False,
                                                  default=name),
                   device=device, efficiency=eff, tiers=tuple(tiers),
-                  sources=tuple(str(s) for s in sources))
+                  sources=tuple(str(s) for s in sources), comm_grid=grid)
+
+
+def _comm_grid(r: _Reader, data: dict, tier_names: set[str]) -> CommGrid | None:
+    """Optional `comm_grid: {shape: [..], tiers: [{topology_tier: k, interconnect: name}]}`."""
+    node = r.get(data, "comm_grid", "", "mapping", required=False)
+    if node is None:
+        return None
+    shape = r.get(node, "shape", "comm_grid", "list")
+    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+        raise ConfigError(f"has value {shape!r}", source=r.source, field="comm_grid.shape",
+                          expected="a list of positive integers")
+    tiers: dict[int, str] = {}
+    for i, t in enumerate(r.get(node, "tiers", "comm_grid", "list")):
+        path = f"comm_grid.tiers[{i}]"
+        key = r.get(t, "topology_tier", path, "int")
+        name = r.get(t, "interconnect", path, "str")
+        if not 0 <= key < len(shape):
+            raise ConfigError(f"is {key}", source=r.source, field=f"{path}.topology_tier",
+                              expected=f"a grid dimension in 0..{len(shape) - 1}")
+        if name not in tier_names:
+            raise ConfigError(f"names unknown interconnect {name!r}", source=r.source,
+                              field=f"{path}.interconnect",
+                              expected="one of " + ", ".join(sorted(tier_names)))
+        tiers[key] = name
+    if 0 not in tiers:
+        raise ConfigError("has no tier for grid dimension 0", source=r.source,
+                          field="comm_grid.tiers", expected="an entry with topology_tier: 0")
+    return CommGrid(shape=tuple(shape), tiers=FrozenDict(tiers))
 
 
 def load_system_file(path: str | Path) -> System:

@@ -74,6 +74,45 @@ class InterconnectTier(Record):
 
 
 @dataclass(frozen=True)
+class CommGrid(Record):
+    """TensorCast-style rank grid: ranks are the row-major indices of an array of
+    `shape`; a group's topology tier is the start dimension of the outermost grid
+    dimension in which its ranks differ (largest tier key <= that dimension).
+    `tiers` maps each tier key to the name of an interconnect tier of the system.
+    Profiling communication CSVs record this key in their `topology_tier` column."""
+
+    shape: tuple[int, ...]
+    tiers: FrozenDict[int, str]
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        out = []
+        for size in reversed(self.shape):
+            out.append(rank % size)
+            rank //= size
+        return tuple(reversed(out))
+
+    def topology_tier(self, group: tuple[int, ...] | list[int]) -> int:
+        if not group:
+            raise ValueError("an empty group has no topology tier")
+        coords = [self.coords(r) for r in group]
+        diff = next((d for d in range(len(self.shape))
+                     if any(c[d] != coords[0][d] for c in coords[1:])), -1)
+        if diff == -1:
+            return max(self.tiers)
+        keys = [k for k in sorted(self.tiers, reverse=True) if k <= diff]
+        if not keys:
+            raise ValueError(f"no topology tier covers grid dimension {diff}")
+        return keys[0]
+
+    def tier_for_contiguous(self, participants: int) -> int:
+        """Tier of the group of ranks 0..participants-1 (TP-style contiguous groups)."""
+        return self.topology_tier(list(range(max(participants, 1))))
+
+    def tier_key(self, interconnect_name: str) -> int | None:
+        return next((k for k, v in self.tiers.items() if v == interconnect_name), None)
+
+
+@dataclass(frozen=True)
 class System(Record):
     """A device type plus the interconnect tiers that join copies of it."""
 
@@ -83,6 +122,10 @@ class System(Record):
     efficiency: Efficiency
     tiers: tuple[InterconnectTier, ...]
     sources: tuple[str, ...] = field(default=())
+    # Optional rank grid for topology-tier lookups (profiling databases). Kept out of
+    # the canonical digest so systems without it keep their identity; providers that
+    # read it put it into their own revision.
+    comm_grid: CommGrid | None = field(default=None, metadata={"canonical": False})
 
     def tier_for_group(self, group_size: int) -> InterconnectTier:
         """The innermost tier whose group capacity holds `group_size` contiguous devices."""

@@ -47,9 +47,23 @@ def chrome_trace_events(result: StepResult, *, expand_layers: bool = True) -> li
                     "args": {"operator": t.operator, "method": est.method.value,
                              "provider": est.provider, "bound": est.bottleneck,
                              "confidence": est.confidence, "flops": t.work.flops,
-                             "bytes": t.work.bytes_total}})
+                             "bytes": t.work.bytes_total, **_evidence_args(ct.resolution)}})
                 ts_us += dur * 1e6
     return events
+
+
+def _evidence_args(resolution) -> dict[str, Any]:
+    """Provider statistics (profiling: source, confidence, kernel_type, shape_match_rule,
+    kernel_shapes, ...) and, after a fallback, why the earlier providers missed."""
+    est = resolution.estimate
+    args: dict[str, Any] = dict(est.statistics)
+    missed = [a for a in resolution.attempts if a.outcome.value == "miss"]
+    if missed:
+        args["miss_reason"] = "; ".join(f"{a.provider}: {a.reason}" for a in missed)
+        if est.method.value == "analytical":
+            args.setdefault("shape_match_rule", "analytic")
+            args.setdefault("source", "analytic")
+    return args
 
 
 def write_chrome_trace(result: StepResult, path: str | Path) -> None:

@@ -66,6 +66,8 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
             "confidence": est.confidence, "raw_record_ids": list(est.raw_record_ids),
             "assumptions": list(est.assumptions),
         }
+        if est.statistics:
+            op["statistics"] = dict(est.statistics)
         if include_attempts:
             op["attempts"] = [{"provider": a.provider, "outcome": a.outcome.value,
                                "reason": a.reason} for a in ct.resolution.attempts]

@@ -1,0 +1,211 @@
+"""`InterpolatingDataSource(base)`: an explicit opt-in wrapper that, after an exact miss
+(or a PARTIAL composite), interpolates between two measured rows that bracket the query.
+
+| path               | axis                                                   |
+|--------------------|--------------------------------------------------------|
+| compute            | first dim of the first input (all else exact)          |
+| attention special  | avg_seq_len (sqrt transform when the mapping's         |
+|                    | interpolation_policy says `axis_transform: sqrt_seq`)  |
+| elementwise        | first dim of the output (dtype-byte scaling allowed)   |
+| decomposer         | each missed sub-kernel by its own path, then summed    |
+| static composite,  | not interpolated (exact ProfilingDataSource answer)    |
+| communication, MoE |                                                        |
+
+Both a lower and an upper measured point are required: it never extrapolates.
+Answers are `source=INTERPOLATED` with lower confidence than exact hits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from perfcast.core.dtypes import dtype_bytes
+from perfcast.evidence.profiling.data_source import (
+    DataSourcePerformanceModel,
+    LookupMiss,
+    LookupOutcome,
+    QueryResult,
+    QuerySource,
+    ShapeMatchInfo,
+)
+from perfcast.evidence.profiling.kernel_csv import KernelRow, KernelTable, query_dtype
+from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+from perfcast.evidence.profiling.query_paths.attention import (
+    AVG_SEQ_COLUMNS,
+    AVG_SEQ_LEN_TOLERANCE,
+    AttentionParams,
+    attention_row,
+    params_for,
+)
+from perfcast.evidence.profiling.query_paths.common import Candidate, shapes_of, tc_inputs
+from perfcast.evidence.profiling.query_paths.composite import lookup_decomposed, query_sub_kernel
+from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
+from perfcast.evidence.profiling.shape_rules import match_inputs, strip_batch_dim
+
+INTERPOLATED_CONFIDENCE = 0.7
+TRANSFORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt_seq": math.sqrt}
+
+Shape = tuple[int, ...]
+Point = tuple[float, float, KernelTable, KernelRow]  # (x, latency_us, table, row)
+
+
+def bracket(points: Sequence[Point], x: float, transform: Callable[[float], float] = float
+            ) -> tuple[float, Point, Point] | None:
+    """Linear interpolation between the nearest points at or below and above `x`
+    (first row wins among equal x); None unless both sides exist."""
+    lo = hi = None
+    for p in points:
+        if p[0] <= x and (lo is None or p[0] > lo[0]):
+            lo = p
+        if p[0] >= x and (hi is None or p[0] < hi[0]):
+            hi = p
+    if lo is None or hi is None:
+        return None
+    if hi[0] == lo[0]:
+        return lo[1], lo, hi
+    tx, tlo, thi = transform(x), transform(lo[0]), transform(hi[0])
+    value = lo[1] + (hi[1] - lo[1]) * (tx - tlo) / (thi - tlo)
+    return value, lo, hi
+
+
+def _candidate(kernel_type: str, axis: str, x: float, found, transform: str = "linear"
+               ) -> Candidate:
+    value, lo, hi = found
+    ids = [lo[2].record_id(lo[3])] + ([hi[2].record_id(hi[3])] if hi[3] is not lo[3] else [])
+    return Candidate(value, kernel_type, lo[2], lo[3], rule=f"interpolated:{axis}",
+                     confidence=INTERPOLATED_CONFIDENCE,
+                     details={"interpolated": True, "interpolation_axis": axis,
+                              "interpolation_x": x, "bracket": [lo[0], hi[0]],
+                              "transform": transform, "record_ids": ids})
+
+
+class InterpolatingDataSource(DataSourcePerformanceModel):
+    def __init__(self, base: ProfilingDataSource) -> None:
+        self.base = base
+        policy = base.mapping.interpolation_policy or {}
+        self.kernel_overrides: dict = dict(policy.get("kernel_overrides") or {})
+
+    @property
+    def identity(self) -> str:
+        return self.base.identity + "+interpolation"
+
+    def transform_for(self, kernel_type: str, default: str = "linear") -> str:
+        t = (self.kernel_overrides.get(kernel_type) or {}).get("axis_transform", default)
+        return t if t in TRANSFORMS else default
+
+    # -- per-path interpolation ------------------------------------------------------
+    def compute_candidate(self, kernel_types: Sequence[str], inputs: list[tuple[Shape, str]],
+                          tc_input_count: int | None) -> Candidate | None:
+        if not inputs or not inputs[0][0]:
+            return None
+        target = inputs[0][0][0]
+        for kt in kernel_types:
+            table = self.base.tables.get(kt)
+            if table is None:
+                continue
+            points: list[Point] = []
+            for row in table.rows:
+                for x in sorted({s[0] for s in row.input_shapes if s}):
+                    trial = [((x, *inputs[0][0][1:]), inputs[0][1]), *inputs[1:]]
+                    if match_inputs(kt, trial, row, tc_input_count) is not None:
+                        points.append((float(x), row.latency_us, table, row))
+                        break
+            found = bracket(points, float(target), TRANSFORMS[self.transform_for(kt)])
+            if found is not None:
+                return _candidate(kt, "dim0", float(target), found, self.transform_for(kt))
+        return None
+
+    def attention_candidate(self, kernel_types: Sequence[str], p: AttentionParams
+                            ) -> Candidate | None:
+        for kt in kernel_types:
+            table = self.base.tables.get(kt)
+            col = next((c for c in AVG_SEQ_COLUMNS if table is not None and table.has(c)), None)
+            if table is None or col is None:
+                continue
+            points: list[Point] = []
+            for row in table.rows:
+                s = row.number(col)
+                if s is None or s < 0:
+                    continue
+                # every attribute but avg_seq_len must match exactly
+                if attention_row(table, row, p, tolerance=math.inf) is None:
+                    continue
+                points.append((s, row.latency_us, table, row))
+            t = self.transform_for(kt, "linear")
+            found = bracket(points, float(p.avg_seq_len), TRANSFORMS[t])
+            if found is not None:
+                return _candidate(kt, "avg_seq_len", float(p.avg_seq_len), found, t)
+        return None
+
+    def elementwise_candidate(self, kernel_type: str, out_shape: Shape, dtype: str
+                              ) -> Candidate | None:
+        table = self.base.tables.get(kernel_type)
+        if table is None or not out_shape:
+            return None
+        points: list[Point] = []
+        for row in table.rows:
+            if not row.output_shapes:
+                continue
+            csv = strip_batch_dim(row.output_shapes[0])
+            if len(csv) != len(out_shape) or csv[1:] != out_shape[1:]:
+                continue
+            if not output_shape_matches((csv[0], *out_shape[1:]), row.output_shapes[0]):
+                continue
+            csv_dt = row.output_dtypes[0] if row.output_dtypes else None
+            try:
+                scale = 1.0 if csv_dt == dtype else dtype_bytes(dtype) / dtype_bytes(csv_dt or "")
+            except Exception:
+                continue
+            points.append((float(csv[0]), row.latency_us * scale, table, row))
+        found = bracket(points, float(out_shape[0]))
+        return _candidate(kernel_type, "output_dim0", float(out_shape[0]), found) if found else None
+
+    def sub_kernel(self, spec) -> Candidate | LookupMiss:
+        exact = query_sub_kernel(self.base, spec)
+        if isinstance(exact, Candidate):
+            return exact
+        if spec.attention is not None:
+            cand = self.attention_candidate(spec.kernel_types, spec.attention)
+        else:
+            inputs = [(s, spec.dtype) for s in spec.input_shapes]
+            count = spec.tc_input_count if spec.tc_input_count is not None else len(inputs)
+            cand = self.compute_candidate(spec.kernel_types, inputs, count)
+        return cand if cand is not None else exact
+
+    # -- lookup --------------------------------------------------------------------
+    def lookup(self, op: OpInvokeInfo) -> LookupOutcome:
+        exact = self.base.lookup(op)
+        if isinstance(exact, QueryResult) and exact.is_full_hit:
+            return exact
+        m = self.base.mapping.get(op.func)
+        if m is None or m.category == "communication" or m.zero_cost or m.accepted_miss:
+            return exact
+        if m.composite:
+            decomposer = self.base.decomposer_for(op.func)
+            if decomposer is None:
+                return exact  # static composites stay exact
+            return lookup_decomposed(self.base, op, m, decomposer, self.sub_kernel)
+        cand: Candidate | None = None
+        sim: tuple[Shape, ...] = ()
+        if m.query_mode == "attention_special":
+            p = params_for(op)
+            if isinstance(p, AttentionParams):
+                cand = self.attention_candidate(m.kernel_types, p)
+                sim = tuple(tuple(t.shape) for t in op.tensor_inputs())
+        elif m.query_mode == "elementwise" and op.outputs and op.outputs[0].shape:
+            out = strip_batch_dim(tuple(op.outputs[0].shape))
+            cand = self.elementwise_candidate(m.kernel_type, out, query_dtype(op.outputs[0].dtype))
+            sim = (out,)
+        elif m.query_mode in ("", "elementwise") and m.kernel_type:
+            inputs = tc_inputs(op, m.tc_input_count)
+            cand = self.compute_candidate(m.kernel_types, inputs, m.tc_input_count)
+            sim = shapes_of(inputs)
+        if cand is None:
+            return exact
+        details = {"kernel_type": cand.kernel_type, **cand.details}
+        return QueryResult(cand.latency_us, cand.confidence, QuerySource.INTERPOLATED, details,
+                           ShapeMatchInfo(sim, tuple(cand.row.input_shapes), cand.rule))
+
+
+__all__ = ["AVG_SEQ_LEN_TOLERANCE", "InterpolatingDataSource", "bracket"]

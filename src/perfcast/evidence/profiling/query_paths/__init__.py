@@ -1,0 +1,2 @@
+"""One module per query path of `ProfilingDataSource` (compute, communication,
+attention special, elementwise, MoE fused, composite)."""

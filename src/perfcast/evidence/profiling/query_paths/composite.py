@@ -1,0 +1,135 @@
+"""Composite path: one perfcast operator, several NPU kernels.
+
+* Static (`sub_kernels`, MC2-style): the non-communication entries are alternative
+  compute kernels (the first that matches is used); `hcom_*` entries are communication
+  kernels whose latency is added, with the message size of the matmul output.
+* Decomposed (a registered decomposer): every sub-kernel is queried; all hit -> MEASURED,
+  some hit -> PARTIAL (latency of the hits, counted as a miss in metrics), none ->
+  `sub_kernel_miss:<kernels>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from perfcast.core.dtypes import dtype_bytes
+from perfcast.evidence.profiling.data_source import (
+    LookupMiss,
+    QueryResult,
+    QuerySource,
+    ShapeMatchInfo,
+    SubKernelShapeInfo,
+)
+from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+from perfcast.evidence.profiling.op_mapping import COMM_PREFIX, OperatorMapping
+from perfcast.evidence.profiling.query_paths.attention import query_attention
+from perfcast.evidence.profiling.query_paths.common import (
+    Candidate,
+    LookupContext,
+    shapes_of,
+    tc_inputs,
+)
+from perfcast.evidence.profiling.query_paths.communication import query_comm_csv
+from perfcast.evidence.profiling.query_paths.compute import find_compute_match
+
+# MC2 with quantised inputs accumulates and reduces in bf16
+QUANT_DTYPES_REDUCED_IN_BF16 = frozenset({"int8", "fp8", "int4", "mxfp4", "nvfp4", "fp4"})
+
+
+def _mc2_message_bytes(op: OpInvokeInfo) -> int:
+    if op.outputs and op.outputs[0].shape:
+        out = op.outputs[0]
+        elem = 2.0 if out.dtype in QUANT_DTYPES_REDUCED_IN_BF16 else dtype_bytes(out.dtype)
+        return int(out.numel * elem)
+    a, b = op.inputs[0], op.inputs[1]
+    elem = 2.0 if a.dtype in QUANT_DTYPES_REDUCED_IN_BF16 else dtype_bytes(a.dtype)
+    return int(a.shape[0] * b.shape[-1] * elem)
+
+
+def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
+                            ) -> QueryResult | LookupMiss:
+    if not mapping.sub_kernels:
+        return LookupMiss("no_sub_kernels", f"{mapping.name} lists no sub_kernels")
+    inputs = tc_inputs(op, mapping.tc_input_count)
+    sim = shapes_of(inputs)
+    compute = [k for k in mapping.sub_kernels if not k.startswith(COMM_PREFIX)]
+    hit = find_compute_match(ctx, compute, inputs, mapping.tc_input_count)
+    if isinstance(hit, LookupMiss):
+        return LookupMiss(hit.reason, hit.detail, ShapeMatchInfo(sim, (), hit.reason))
+    total = hit.latency_us
+    durations = [(hit.kernel_type, round(hit.latency_us, 3))]
+    subs = [SubKernelShapeInfo(hit.kernel_type, sim, tuple(hit.row.input_shapes), hit.rule)]
+    ids = [hit.record_id]
+    comm = [k for k in mapping.sub_kernels if k.startswith(COMM_PREFIX)]
+    for kt in comm:
+        n = int(op.dim("participants", 0) or 0)
+        if n < 1:
+            return LookupMiss("invalid_args", f"{mapping.name} has no participants for {kt}")
+        mb = _mc2_message_bytes(op)
+        found = query_comm_csv(ctx, kt, mb, n, ctx.topology_tier(n, str(op.dim("tier", "") or "")))
+        if isinstance(found, LookupMiss):
+            return LookupMiss("comm_sub_kernel_miss", f"{kt}: {found}",
+                              ShapeMatchInfo(sim, (), "comm_sub_kernel_miss"))
+        latency, _interp, comm_ids = found
+        total += latency
+        durations.append((kt, round(latency, 3)))
+        subs.append(SubKernelShapeInfo(kt, ((mb,),), ((mb,),), "comm"))
+        ids.extend(comm_ids)
+    return QueryResult(
+        latency_us=total, confidence=0.9 if comm else 0.8, source=QuerySource.MEASURED,
+        details={"kernel_type": hit.kernel_type, "sub_kernel_durations": durations,
+                 "composite": True, "record_ids": ids,
+                 "note": "compute + comm sub-kernels" if comm else "compute sub-kernel only"},
+        sub_kernel_shapes=tuple(subs))
+
+
+SubQuery = Callable[[object], "Candidate | LookupMiss"]
+
+
+def query_sub_kernel(ctx: LookupContext, spec) -> Candidate | LookupMiss:
+    if spec.attention is not None:
+        return query_attention(ctx, spec.kernel_types, spec.attention)
+    inputs = [(s, spec.dtype) for s in spec.input_shapes]
+    count = spec.tc_input_count if spec.tc_input_count is not None else len(inputs)
+    return find_compute_match(ctx, spec.kernel_types, inputs, count)
+
+
+def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping,
+                      decomposer, sub_query: Callable | None = None
+                      ) -> QueryResult | LookupMiss:
+    """`sub_query(spec) -> Candidate | LookupMiss` defaults to the exact lookup; the
+    interpolating wrapper passes one that interpolates after an exact miss."""
+    specs = decomposer(op, mapping)
+    if not specs:
+        return LookupMiss("decompose_failed", f"{mapping.name}: work axes do not describe it")
+    query = sub_query or (lambda spec: query_sub_kernel(ctx, spec))
+    total, hits, missed, durations, subs, ids = 0.0, [], [], [], [], []
+    interpolated = False
+    for spec in specs:
+        found = query(spec)
+        if isinstance(found, LookupMiss):
+            missed.append(spec.kernel_type)
+            continue
+        total += found.latency_us
+        hits.append(found.kernel_type)
+        interpolated |= bool(found.details.get("interpolated"))
+        durations.append((found.kernel_type, round(found.latency_us, 3)))
+        subs.append(SubKernelShapeInfo(found.kernel_type, tuple(spec.input_shapes),
+                                       (found.row.input_shapes[0],) if spec.attention
+                                       else tuple(found.row.input_shapes), found.rule))
+        ids.append(found.record_id)
+    if missed and not hits:
+        return LookupMiss("sub_kernel_miss:" + ",".join(missed), f"{mapping.name}")
+    if missed:
+        return QueryResult(
+            latency_us=total, confidence=len(hits) / len(specs), source=QuerySource.PARTIAL,
+            details={"kernel_type": ",".join(hits), "hit_kernels": hits,
+                     "missed_kernels": missed, "sub_kernel_durations": durations,
+                     "composite": True, "partial": True, "record_ids": ids},
+            sub_kernel_shapes=tuple(subs))
+    return QueryResult(
+        latency_us=total, confidence=0.7 if interpolated else 0.8,
+        source=QuerySource.INTERPOLATED if interpolated else QuerySource.MEASURED,
+        details={"kernel_type": ",".join(hits), "sub_kernel_durations": durations,
+                 "composite": True, "note": "decomposed sub-kernels", "record_ids": ids},
+        sub_kernel_shapes=tuple(subs))

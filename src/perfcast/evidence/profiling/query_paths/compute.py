@@ -1,0 +1,81 @@
+"""Compute path: match input shapes, dtypes and formats against `{kernel_type}.csv`,
+trying `alternate_kernel_types` in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from perfcast.evidence.profiling.data_source import (
+    LookupMiss,
+    QueryResult,
+    QuerySource,
+    ShapeMatchInfo,
+)
+from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+from perfcast.evidence.profiling.op_mapping import OperatorMapping
+from perfcast.evidence.profiling.query_paths.common import (
+    Candidate,
+    LookupContext,
+    find_candidate,
+    kernel_list,
+    shapes_of,
+    tc_inputs,
+)
+from perfcast.evidence.profiling.shape_rules import effective_input_count, match_inputs
+
+Shape = tuple[int, ...]
+
+
+def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
+                       inputs: Sequence[tuple[Shape, str]], tc_input_count: int | None
+                       ) -> Candidate | LookupMiss:
+    def checker(table, row):
+        rule = match_inputs(table.kernel_type, inputs, row, tc_input_count)
+        if rule is None:
+            return None
+        return Candidate(row.latency_us, table.kernel_type, table, row, rule=rule,
+                         distance=1.0 if "padding" in rule else 0.0)
+
+    found = find_candidate(ctx, kernel_types, checker)
+    if isinstance(found, Candidate) or found.reason != "shape_mismatch":
+        return found
+    # tell a different number of tensors from different shapes (primary kernel's CSV)
+    primary = next((ctx.tables.get(k) for k in kernel_types if ctx.tables.get(k)), None)
+    if primary is not None and primary.rows:
+        csv_count = len(primary.rows[0].input_shapes)
+        tc_count = len(inputs)
+        if tc_input_count is not None:
+            csv_count = min(csv_count, tc_input_count)
+            tc_count = min(tc_count, tc_input_count)
+        tc_count = effective_input_count(primary.kernel_type, tc_count, csv_count)
+        if tc_count != csv_count:
+            return LookupMiss("input_count_mismatch",
+                              f"{tc_count} tensor inputs vs {csv_count} in "
+                              f"{primary.kernel_type}.csv")
+    shown = ";".join(",".join(map(str, s)) for s in shapes_of(inputs))
+    return LookupMiss("shape_mismatch", f"no row of {', '.join(kernel_types)} matches {shown}")
+
+
+def candidate_result(cand: Candidate, simulation_shapes: tuple[Shape, ...],
+                     details: dict | None = None, source: QuerySource = QuerySource.MEASURED
+                     ) -> QueryResult:
+    d = {"kernel_type": cand.kernel_type, "record_ids": [cand.record_id]}
+    d.update(cand.details)
+    d.update(details or {})
+    return QueryResult(
+        latency_us=cand.latency_us, confidence=cand.confidence, source=source, details=d,
+        shape_match_info=ShapeMatchInfo(simulation_shapes, tuple(cand.row.input_shapes),
+                                        cand.rule))
+
+
+def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
+                   ) -> QueryResult | LookupMiss:
+    if not mapping.kernel_type:
+        return LookupMiss("unmapped", f"{mapping.name} has no kernel_type")
+    inputs = tc_inputs(op, mapping.tc_input_count)
+    sim = shapes_of(inputs)
+    found = find_compute_match(ctx, kernel_list(mapping), inputs, mapping.tc_input_count)
+    if isinstance(found, LookupMiss):
+        return LookupMiss(found.reason, found.detail,
+                          ShapeMatchInfo(sim, (), found.reason))
+    return candidate_result(found, sim)

@@ -1,0 +1,109 @@
+"""EmpiricalPerformanceModel as the first provider of a CostResolver."""
+
+import pytest
+from profiling_helpers import DB
+
+from perfcast.core.errors import InvalidEvidenceError
+from perfcast.estimate import EstimateRequest, default_providers, estimate_step, make_resolver
+from perfcast.evidence.contracts import AttemptOutcome, EstimateMethod, MatchKind
+from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
+from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+from perfcast.evidence.queries import query_for_task
+from perfcast.evidence.resolver import CostResolver
+from perfcast.workload import Batch, ParallelPlan
+
+
+@pytest.fixture
+def pm(a3, ds):
+    return EmpiricalPerformanceModel(a3, ds, fallback_model=make_resolver(a3))
+
+
+@pytest.fixture
+def step(a3, pm):
+    request = EstimateRequest(model="Qwen/Qwen3-8B", device=a3, plan=ParallelPlan(tp=2),
+                              batch=Batch.decode(8, 2048))
+    resolver = CostResolver([pm, *default_providers(a3)])
+    return estimate_step(request, resolver)
+
+
+def test_full_hit_is_measured_with_statistics(step):
+    ct = step.costed.by_lineage()["L0-35.attn.qkv_proj"]
+    est = ct.resolution.estimate
+    assert (est.provider, est.method, est.match_kind) == ("profiling", EstimateMethod.MEASURED,
+                                                           MatchKind.EXACT)
+    assert est.latency_s == pytest.approx(26.1e-6)
+    s = est.statistics
+    assert (s["source"], s["kernel_type"], s["shape_match_rule"]) == ("MEASURED", "MatMulV2",
+                                                                      "transpose")
+    assert s["kernel_shapes"] == "8,4096;3072,4096" and s["simulation_shapes"] == "8,4096;4096,3072"
+    assert est.raw_record_ids == ("MatMulV2.csv#1",)
+    # the analytic latency is kept as the M5 weight, and equals the roofline answer
+    roof = make_resolver(step.system).resolve(query_for_task(ct.task, step.system.name))
+    assert s["analytic_latency_s"] == pytest.approx(roof.estimate.latency_s)
+
+
+def test_full_miss_falls_back_with_reason_in_attempts(step):
+    ct = step.costed.by_lineage()["L0-35.attn.input_norm"]
+    est = ct.resolution.estimate
+    assert est.provider == "roofline" and est.method is EstimateMethod.ANALYTICAL
+    first = ct.resolution.attempts[0]
+    assert (first.provider, first.outcome) == ("profiling", AttemptOutcome.MISS)
+    assert first.reason.startswith("input_count_mismatch")
+
+
+def test_communication_and_attention_hits(step):
+    by = step.costed.by_lineage()
+    assert by["L0-35.attn.all_reduce"].resolution.estimate.latency_s == pytest.approx(10.5e-6)
+    att = by["L0-35.attn.core"].resolution.estimate
+    assert att.latency_s == pytest.approx(31.0e-6) and att.statistics["csv_avg_seq_len"] == 2048
+
+
+def test_partial_is_used_but_marked(a3, pm):
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.contracts import CostQuery, CostSubject
+    from perfcast.workload.tensors import TensorSpec
+    q = CostQuery(subject=CostSubject.OPERATOR, operation="mla", hardware=a3.name, dtype="bf16",
+                  flops=1e9, bytes_read=1e6,
+                  operator="tensor_cast.multihead_latent_attention.default",
+                  inputs=(TensorSpec((96, 16, 192), "bf16"),),
+                  dims=FrozenDict(batch=1, q_tokens=96, kv_len=64, heads=16, kv_lora_rank=512,
+                                  qk_nope_head_dim=128, v_head_dim=128))
+    est = pm.estimate(q)
+    assert est.latency_s == pytest.approx(20.0e-6)
+    assert est.match_kind is MatchKind.SUBSET and est.statistics["source"] == "PARTIAL"
+    assert "MatMulV2" in est.assumptions[0]
+
+
+def test_zero_cost_is_declared(a3, pm):
+    from perfcast.evidence.contracts import CostQuery, CostSubject
+    q = CostQuery(subject=CostSubject.OPERATOR, operation="view", hardware=a3.name,
+                  dtype="bf16", operator="aten.view.default")
+    est = CostResolver([pm]).resolve(q).estimate
+    assert est.latency_s == 0.0 and est.match_kind is MatchKind.DECLARED
+
+
+def test_other_hardware_is_unsupported(ds, pm):
+    from perfcast.evidence.contracts import CostQuery, CostSubject
+    q = CostQuery(subject=CostSubject.OPERATOR, operation="gemm", hardware="h100_sxm",
+                  dtype="bf16", operator="aten.mm.default")
+    assert pm.supports(q) is not True
+
+
+def test_broken_csv_is_an_error_not_a_fallback(a3, tmp_path):
+    (tmp_path / "op_mapping.yaml").write_text(
+        "operator_mappings:\n  aten.mm.default:\n    kernel_type: MatMulV2\n")
+    (tmp_path / "MatMulV2.csv").write_text("Input Shapes,Input Data Types\n\"8,8;8,8\",DT_BF16\n")
+    pm = EmpiricalPerformanceModel(a3, ProfilingDataSource(tmp_path, a3))
+    request = EstimateRequest(model="Qwen/Qwen3-0.6B", device=a3)
+    with pytest.raises(InvalidEvidenceError, match="no latency column"):
+        estimate_step(request, CostResolver([pm, *default_providers(a3)]))
+
+
+def test_revision_tracks_the_database(a3, tmp_path):
+    import shutil
+    shutil.copytree(DB, tmp_path / "db")
+    r1 = EmpiricalPerformanceModel(a3, ProfilingDataSource(tmp_path / "db", a3)).revision
+    with open(tmp_path / "db" / "Add.csv", "a") as f:
+        f.write('"2,4096;2,4096",DT_BF16;DT_BF16,ND;ND,"2,4096",DT_BF16,ND,2.0\n')
+    r2 = EmpiricalPerformanceModel(a3, ProfilingDataSource(tmp_path / "db", a3)).revision
+    assert r1 != r2
