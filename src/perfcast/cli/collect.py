@@ -66,6 +66,9 @@ def parse_command(
         result = parse_profiling(profiling_path, db)
         typer.echo(f"parsed {result.samples} kernel calls from {len(result.sources)} file(s) "
                    f"into {len(result.written)} CSV(s) under {db}")
+        if result.skipped_communication:
+            typer.echo(f"skipped {result.skipped_communication} hcom_* calls (no message size "
+                       "in a kernel profile; measure them with `collect comm`)")
 
 
 @app.command("grid")

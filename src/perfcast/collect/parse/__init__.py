@@ -14,6 +14,7 @@ from pathlib import Path
 from perfcast.collect.parse.ascend import detect_layout, parse_ascend_csv, read_header
 from perfcast.collect.parse.samples import KernelSample, aggregate, merge_into_database
 from perfcast.collect.parse.torch_trace import is_trace, parse_torch_trace
+from perfcast.collect.tables import COMM_PREFIX
 from perfcast.core.errors import ConfigError
 
 
@@ -23,6 +24,7 @@ class ParseResult:
     written: tuple[Path, ...]
     samples: int
     kernel_types: tuple[str, ...]
+    skipped_communication: int = 0   # hcom_* calls: no message size in a kernel profile
 
 
 def find_profiles(path: Path) -> list[tuple[Path, str]]:
@@ -60,16 +62,22 @@ def iter_samples(profiles: list[tuple[Path, str]]) -> Iterator[KernelSample]:
 
 
 def parse_profiling(profiling_path: Path, database_path: Path) -> ParseResult:
-    """Parse everything first (any malformed row aborts with nothing written), then write."""
+    """Parse everything first (any malformed row aborts with nothing written), then write.
+
+    Communication kernels (`hcom_*`) are counted but not written: a kernel profile has
+    no message size for them, and `hcom_*.csv` is the `collect comm` table format."""
     profiles = find_profiles(profiling_path)
     samples = list(iter_samples(profiles))
+    comm = sum(1 for s in samples if s.kernel_type.startswith(COMM_PREFIX))
+    samples = [s for s in samples if not s.kernel_type.startswith(COMM_PREFIX)]
     if not samples:
         raise ConfigError("holds no kernel calls", source=str(profiling_path),
                           field="--profiling-path")
     tables = aggregate(samples)
     written = merge_into_database(tables, Path(database_path))
     return ParseResult(sources=tuple(p for p, _ in profiles), written=tuple(written),
-                       samples=len(samples), kernel_types=tuple(sorted(tables)))
+                       samples=len(samples), kernel_types=tuple(sorted(tables)),
+                       skipped_communication=comm)
 
 
 __all__ = ["KernelSample", "ParseResult", "aggregate", "find_profiles", "parse_profiling"]

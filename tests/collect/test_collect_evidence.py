@@ -1,0 +1,87 @@
+import pytest
+
+from perfcast.collect.comm import CommBenchConfig, CommMeasurement, CommResult, write_comm_tables
+from perfcast.collect.evidence import collected_records
+from perfcast.collect.parse import parse_profiling
+from perfcast.core.errors import ConfigError
+
+OP_MAPPING = """\
+operator_mappings:
+  "tensor_cast.all_reduce.default":
+    kernel_type: hcom_allReduce_
+    category: communication
+  "tensor_cast.all_gather.default":
+    kernel_type: hcom_allGather_
+    category: communication
+"""
+
+
+def comm_database(tmp_path, result, cfg):
+    write_comm_tables(result, cfg, database_path=tmp_path)
+    (tmp_path / "op_mapping.yaml").write_text(OP_MAPPING)
+    return tmp_path
+
+
+def lookup_comm(db, operation, message_bytes, participants):
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+    from perfcast.hardware import load_system
+
+    ds = ProfilingDataSource(db, load_system("atlas_800_a3_752t_128g_die"))
+    return ds.lookup(OpInvokeInfo(f"tensor_cast.{operation}.default", dims=FrozenDict(
+        message_bytes=message_bytes, participants=participants)))
+
+
+def test_comm_tables_answer_through_profiling_data_source(tmp_path):
+    cfg = CommBenchConfig(ops=("all_reduce", "all_gather"), dtype="bf16")
+    result = CommResult([CommMeasurement("all_reduce", 65536, 2, (30.0, 31.0, 29.0)),
+                         CommMeasurement("all_reduce", 262144, 2, (50.0,)),
+                         CommMeasurement("all_gather", 4096, 2, (12.0,))])
+    db = comm_database(tmp_path, result, cfg)
+    hit = lookup_comm(db, "all_reduce", 65536, 2)
+    assert (hit.latency_us, hit.source.value) == (30.0, "MEASURED")
+    assert hit.details["topology_tier"] == 2            # both dies of one A3 chip
+    # perfcast counts the gathered buffer (2 x 4096); HCCL's row the per-rank input
+    assert lookup_comm(db, "all_gather", 8192, 2).latency_us == 12.0
+    # bracketed size: the alpha-beta path of the data source interpolates between rows
+    mid = lookup_comm(db, "all_reduce", 131072, 2)
+    assert mid.source.value == "INTERPOLATED" and 30.0 < mid.latency_us < 50.0
+
+
+def test_comm_rows_become_full_buffer_records(tmp_path):
+    cfg = CommBenchConfig(ops=("all_reduce", "all_gather"), dtype="bf16")
+    result = CommResult([CommMeasurement("all_reduce", 65536, 2, (30.0,)),
+                         CommMeasurement("all_gather", 4096, 4, (12.0,))])
+    write_comm_tables(result, cfg, database_path=tmp_path)
+    recs = {r.operation: r for r in collected_records(tmp_path, hardware="h100_sxm")}
+    assert dict(recs["all_reduce"].selector) == {"message_bytes": 65536, "participants": 2}
+    assert dict(recs["all_gather"].selector) == {"message_bytes": 16384, "participants": 4}
+    assert recs["all_gather"].latency_s == pytest.approx(12e-6)
+    assert recs["all_gather"].subject == "communication" and recs["all_gather"].dtype == "bf16"
+
+
+def test_parsed_ascend_rows_become_gemm_records(fixtures, tmp_path):
+    parse_profiling(fixtures / "ascend_prof", tmp_path)
+    recs = collected_records(tmp_path, hardware="atlas_800_a3_752t_128g_die",
+                             runtime="vllm", runtime_revision="0.18.0")
+    gemm = {r.selector["m"]: r for r in recs if r.operation == "gemm"}
+    small = gemm[128]
+    assert dict(small.selector) == {"m": 128, "k": 5120, "n": 1280, "runtime": "vllm",
+                                    "runtime_revision": "0.18.0"}
+    assert small.dtype == "bf16" and small.latency_s == pytest.approx(20.7e-6)
+    assert small.provenance["raw_record_id"].startswith("MatMulV2.csv#row")
+    assert small.provenance["source_digest"].startswith("sha256:")
+    assert small.metadata["Count"] == "2"
+    # RmsNorm is not imported by default (elementwise axes are opt-in)
+    assert {r.operation for r in recs} == {"gemm"}
+
+
+def test_two_kernel_types_for_one_shape_are_refused(tmp_path):
+    header = "OP State,Accelerator Core,Input Shapes,Input Data Types,Input Formats,Average Duration(us)\n"
+    (tmp_path / "aten__linear.csv").write_text(header + ',CPU,"8,64;128,64;128",FLOAT;FLOAT;FLOAT,ND;ND;ND,9\n')
+    (tmp_path / "aten__addmm.csv").write_text(header + ',CPU,"128;8,64;64,128",FLOAT;FLOAT;FLOAT,ND;ND;ND,7\n')
+    with pytest.raises(ConfigError, match="aten::addmm and aten::linear"):
+        collected_records(tmp_path, hardware="cpu")
+    only = collected_records(tmp_path, hardware="cpu", kernel_types=["aten::linear"])
+    assert [r.latency_s for r in only] == [pytest.approx(9e-6)]
