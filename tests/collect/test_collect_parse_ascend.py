@@ -17,7 +17,8 @@ def test_kernel_details_folder_becomes_per_kernel_csvs(fixtures, tmp_path):
     assert [p.name for p in result.sources] == ["kernel_details.csv"]
     assert result.samples == 5 and result.skipped_communication == 1
     # the hcom_ call has no message size here; hcom_*.csv is the `collect comm` format
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["MatMulV2.csv", "RmsNorm.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "MatMulV2.csv", "RmsNorm.csv", "collection_manifest.json"]
     mm = read_table(tmp_path / "MatMulV2.csv")
     # same column layout as the TensorCast per-kernel fixture CSVs
     assert mm.header[:len(REF_COLUMNS)] == REF_COLUMNS
@@ -49,6 +50,20 @@ def test_op_summary_is_recognised_by_content_not_name(fixtures, tmp_path):
     assert row["Accelerator Core"] == "AI_CORE"                  # from Task Type
     assert float(row["Average Duration(us)"]) == pytest.approx(310.0)
     assert float(row["Average aic_mac_ratio"]) == pytest.approx(0.915)
+
+
+def test_manifest_records_profile_digests_and_provenance(fixtures, tmp_path):
+    import hashlib
+    import json
+
+    parse_profiling(fixtures / "ascend_prof", tmp_path, {"device": "ATLAS_800_A3_752T_128G_DIE",
+                                                         "cann_version": "8.5"})
+    parse_profiling(fixtures / "op_summary_0_1_1.csv", tmp_path)
+    runs = json.loads((tmp_path / "collection_manifest.json").read_text())["runs"]
+    assert len(runs) == 2 and runs[0]["cann_version"] == "8.5"
+    src = fixtures / "ascend_prof/PROF_001/ASCEND_PROFILER_OUTPUT/kernel_details.csv"
+    assert runs[0]["profiles"] == [{"path": str(src), "kind": "ascend",
+                                    "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}]
 
 
 def test_merge_replaces_same_key_and_keeps_others(fixtures, tmp_path):

@@ -63,9 +63,12 @@ def parse_command(
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
-        result = parse_profiling(profiling_path, db)
+        provenance = {k: v for k, v in (("device", device), ("vllm_version", vllm_version),
+                                         ("torch_version", torch_version),
+                                         ("cann_version", cann_version)) if v}
+        result = parse_profiling(profiling_path, db, provenance)
         typer.echo(f"parsed {result.samples} kernel calls from {len(result.sources)} file(s) "
-                   f"into {len(result.written)} CSV(s) under {db}")
+                   f"into {len(result.written) - 1} CSV(s) under {db}")
         if result.skipped_communication:
             typer.echo(f"skipped {result.skipped_communication} hcom_* calls (no message size "
                        "in a kernel profile; measure them with `collect comm`)")

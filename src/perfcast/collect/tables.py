@@ -294,8 +294,9 @@ def write_files_atomic(files: Mapping[Path, str]) -> None:
         os.replace(tmp, path)
 
 
-def write_tables(tables: Iterable[KernelTable]) -> list[Path]:
-    files = {}
+def write_tables(tables: Iterable[KernelTable],
+                 extra_files: Mapping[Path, str] | None = None) -> list[Path]:
+    files = dict(extra_files or {})
     for t in tables:
         if t.path is None:
             raise ValueError(f"table {t.kernel_type} has no path")

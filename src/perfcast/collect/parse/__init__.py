@@ -7,7 +7,9 @@ aggregates the samples and writes one `{KernelType}.csv` per kernel type.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +63,29 @@ def iter_samples(profiles: list[tuple[Path, str]]) -> Iterator[KernelSample]:
         yield from (parse_ascend_csv(path) if kind == "ascend" else parse_torch_trace(path))
 
 
-def parse_profiling(profiling_path: Path, database_path: Path) -> ParseResult:
+MANIFEST = "collection_manifest.json"
+
+
+def manifest_text(database_path: Path, profiles: list[tuple[Path, str]],
+                  provenance: Mapping[str, str]) -> str:
+    """The database's collection manifest with this run appended: every profile file and
+    its sha256, plus the caller's provenance (device, framework versions, ...)."""
+    path = Path(database_path) / MANIFEST
+    runs = []
+    if path.is_file():
+        try:
+            runs = list(json.loads(path.read_text(encoding="utf-8")).get("runs", []))
+        except (json.JSONDecodeError, AttributeError):
+            raise ConfigError("is not a collection manifest", source=str(path)) from None
+    runs.append({"tool": "perfcast collect parse", **dict(provenance),
+                 "profiles": [{"path": str(p), "kind": kind,
+                               "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                              for p, kind in profiles]})
+    return json.dumps({"runs": runs}, indent=1, sort_keys=True) + "\n"
+
+
+def parse_profiling(profiling_path: Path, database_path: Path,
+                    provenance: Mapping[str, str] | None = None) -> ParseResult:
     """Parse everything first (any malformed row aborts with nothing written), then write.
 
     Communication kernels (`hcom_*`) are counted but not written: a kernel profile has
@@ -74,7 +98,9 @@ def parse_profiling(profiling_path: Path, database_path: Path) -> ParseResult:
         raise ConfigError("holds no kernel calls", source=str(profiling_path),
                           field="--profiling-path")
     tables = aggregate(samples)
-    written = merge_into_database(tables, Path(database_path))
+    manifest = {Path(database_path) / MANIFEST: manifest_text(database_path, profiles,
+                                                               provenance or {})}
+    written = merge_into_database(tables, Path(database_path), manifest)
     return ParseResult(sources=tuple(p for p, _ in profiles), written=tuple(written),
                        samples=len(samples), kernel_types=tuple(sorted(tables)),
                        skipped_communication=comm)

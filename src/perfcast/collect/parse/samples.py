@@ -76,9 +76,11 @@ def aggregate(samples: Iterable[KernelSample]) -> dict[str, KernelTable]:
     return tables
 
 
-def merge_into_database(tables: Mapping[str, KernelTable], database_path: Path) -> list[Path]:
+def merge_into_database(tables: Mapping[str, KernelTable], database_path: Path,
+                        extra_files: Mapping[Path, str] | None = None) -> list[Path]:
     """Write each table to `database_path/{csv_name(type)}`, merging with an existing file:
-    a new group replaces the existing row with the same key, other existing rows stay."""
+    a new group replaces the existing row with the same key, other existing rows stay.
+    `extra_files` (e.g. the collection manifest) are staged in the same atomic batch."""
     root = Path(database_path)
     out = []
     for ktype, new in tables.items():
@@ -92,4 +94,4 @@ def merge_into_database(tables: Mapping[str, KernelTable], database_path: Path) 
         else:
             merged = KernelTable(ktype, list(new.header), list(new.rows), path)
         out.append(merged)
-    return write_tables(out)
+    return write_tables(out, extra_files)
