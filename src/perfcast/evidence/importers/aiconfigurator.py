@@ -1,0 +1,348 @@
+"""`AIConfiguratorPerformanceImporter`: NVIDIA AIConfigurator per-kernel Parquet tables.
+
+Layout: `<system>/<family>/<framework>/<version>/<table>.parquet` with a
+`collection_meta.yaml` (runtime framework and version: authoritative over the Parquet
+`framework`/`version` columns) or a `reuse.yaml` (tables borrowed from another version:
+imported under this folder's version, provenance noting the donor).
+
+Latency is milliseconds per call, stored as seconds. Every row becomes one record whose
+selector holds its shape plus three runtime selectors that must match the query:
+`runtime` (framework, lower case), `runtime_revision` (version) and `implementation`
+(`kernel_source`). Communication libraries (`nccl`) are not a serving runtime: their
+rows carry `implementation` plus `<library>_version` instead.
+
+Shape mapping (see docs/evidence.md for the full table):
+
+| table | operation | selector |
+|---|---|---|
+| gemm_perf | gemm | m, n, k |
+| context_attention_perf | attention | batch, q_tokens=isl, kv_len=isl+step, heads, kv_heads, head_dim, v_head_dim=head_dim, phase=prefill, kv_dtype, [window], [beam_width] |
+| generation_attention_perf | attention | batch, q_tokens=isl (1), kv_len=isl+step, ..., phase=decode |
+| context_mla_perf / generation_mla_perf | mla_attention | batch, q_tokens, kv_len, heads, tp_size, phase, kv_dtype |
+| moe_perf | moe | tokens, hidden_size, inter_size, topk, num_experts, moe_tp, moe_ep, distribution |
+| nccl_perf | all_reduce, all_gather, reduce_scatter, all_to_all | message_bytes = message_size x dtype bytes, participants |
+| custom_allreduce_perf | all_reduce | message_bytes, participants, backend |
+
+`[x]` is present only when it differs from the plain case (window_size 0, beam 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from perfcast.core.dtypes import DType, dtype_bytes
+from perfcast.core.errors import ConfigError
+from perfcast.evidence.contracts import CostSubject, EstimateMethod
+from perfcast.evidence.database import PerformanceDatabase, selector_column
+from perfcast.evidence.importers.common import (
+    canonical_dtypes,
+    const,
+    file_digest,
+    latency_seconds,
+    require_columns,
+    row_ids,
+)
+
+IMPORTER = "aiconfigurator"
+IMPORTER_REVISION = "1"
+SOURCE = "aiconfigurator"
+MS = 1e-3
+
+# AIConfigurator spellings that perfcast.core.dtypes does not know.
+DTYPE_ALIASES = {"w4a16_mxfp4": DType.MXFP4, "half": DType.FP16}
+# Communication libraries: no serving runtime; their version becomes this selector.
+LIBRARY_VERSION_KEY = {"nccl": "nccl_version"}
+# Upstream collective names -> perfcast operations.
+COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather",
+               "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all"}
+
+Column = Callable[[pa.Table, str], "tuple[pa.Array, str] | None"]
+
+
+def col(name: str) -> Column:
+    return lambda t, src: (t.column(name).combine_chunks(), "int")
+
+
+def value(v: str) -> Column:
+    return lambda t, src: (const(v, t.num_rows), "str")
+
+
+def plus(a: str, b: str) -> Column:
+    return lambda t, src: (pc.add(t.column(a), t.column(b)).combine_chunks(), "int")
+
+
+def dtype_of(name: str) -> Column:
+    return lambda t, src: (canonical_dtypes(t.column(name), source=src, field=name,
+                                            aliases=DTYPE_ALIASES), "str")
+
+
+def text(name: str) -> Column:
+    return lambda t, src: (t.column(name).combine_chunks().cast(pa.string()), "str")
+
+
+def unless(name: str, plain: int) -> Column:
+    """The column, null where it equals the plain case (absent columns: all plain)."""
+    def f(t: pa.Table, src: str):
+        if name not in t.column_names:
+            return None
+        c = t.column(name).combine_chunks()
+        return pc.if_else(pc.equal(c, plain), pa.scalar(None, c.type), c), "int"
+    return f
+
+
+def first_text(*names: str) -> Column:
+    def f(t: pa.Table, src: str):
+        for name in names:
+            if name in t.column_names:
+                return text(name)(t, src)
+        return None
+    return f
+
+
+def message_bytes(size: str, dtype_col: str) -> Column:
+    def f(t: pa.Table, src: str):
+        dts = canonical_dtypes(t.column(dtype_col), source=src, field=dtype_col,
+                               aliases=DTYPE_ALIASES)
+        per = np.array([dtype_bytes(d) for d in dts.to_pylist()], dtype=np.float64)
+        sizes = np.asarray(t.column(size).to_numpy(), dtype=np.float64)
+        return pa.array((sizes * per).astype(np.int64)), "int"
+    return f
+
+
+@dataclass(frozen=True)
+class TableMapping:
+    subject: CostSubject
+    operation: str | None            # None: from op_name via COLLECTIVES
+    dtype_column: str
+    selectors: tuple[tuple[str, Column], ...]
+    required: tuple[str, ...]
+
+
+_ATTN = (("batch", col("batch_size")), ("q_tokens", col("isl")),
+         ("kv_len", plus("isl", "step")), ("heads", col("num_heads")),
+         ("kv_heads", col("num_key_value_heads")), ("head_dim", col("head_dim")),
+         ("v_head_dim", col("head_dim")), ("kv_dtype", dtype_of("kv_cache_dtype")),
+         ("window", unless("window_size", 0)), ("beam_width", unless("beam_width", 1)))
+_ATTN_REQ = ("batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
+             "attn_dtype", "kv_cache_dtype", "kernel_source", "latency")
+_MLA = (("batch", col("batch_size")), ("q_tokens", col("isl")),
+        ("kv_len", plus("isl", "step")), ("heads", col("num_heads")),
+        ("tp_size", col("tp_size")), ("kv_dtype", dtype_of("kv_cache_dtype")))
+_MLA_REQ = ("batch_size", "isl", "step", "num_heads", "tp_size", "mla_dtype",
+            "kv_cache_dtype", "kernel_source", "latency")
+
+TABLES: dict[str, TableMapping] = {
+    "gemm_perf": TableMapping(
+        CostSubject.OPERATOR, "gemm", "gemm_dtype",
+        (("m", col("m")), ("n", col("n")), ("k", col("k"))),
+        ("m", "n", "k", "gemm_dtype", "kernel_source", "latency")),
+    "context_attention_perf": TableMapping(
+        CostSubject.OPERATOR, "attention", "attn_dtype", (*_ATTN, ("phase", value("prefill"))),
+        _ATTN_REQ),
+    "generation_attention_perf": TableMapping(
+        CostSubject.OPERATOR, "attention", "attn_dtype", (*_ATTN, ("phase", value("decode"))),
+        _ATTN_REQ),
+    "context_mla_perf": TableMapping(
+        CostSubject.OPERATOR, "mla_attention", "mla_dtype", (*_MLA, ("phase", value("prefill"))),
+        _MLA_REQ),
+    "generation_mla_perf": TableMapping(
+        CostSubject.OPERATOR, "mla_attention", "mla_dtype", (*_MLA, ("phase", value("decode"))),
+        _MLA_REQ),
+    "moe_perf": TableMapping(
+        CostSubject.OPERATOR, "moe", "moe_dtype",
+        (("tokens", col("num_tokens")), ("hidden_size", col("hidden_size")),
+         ("inter_size", col("inter_size")), ("topk", col("topk")),
+         ("num_experts", col("num_experts")), ("moe_tp", col("moe_tp_size")),
+         ("moe_ep", col("moe_ep_size")), ("distribution", text("distribution"))),
+        ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+         "moe_ep_size", "distribution", "moe_dtype", "kernel_source", "latency")),
+    "nccl_perf": TableMapping(
+        CostSubject.COMMUNICATION, None, "nccl_dtype",
+        (("message_bytes", message_bytes("message_size", "nccl_dtype")),
+         ("participants", col("num_gpus"))),
+        ("op_name", "nccl_dtype", "num_gpus", "message_size", "kernel_source", "latency")),
+    "custom_allreduce_perf": TableMapping(
+        CostSubject.COMMUNICATION, "all_reduce", "allreduce_dtype",
+        (("message_bytes", message_bytes("message_size", "allreduce_dtype")),
+         ("participants", col("num_gpus")), ("backend", first_text("backend", "implementation"))),
+        ("allreduce_dtype", "num_gpus", "message_size", "kernel_source", "latency")),
+}
+
+
+def import_table(path: str | Path, *, hardware: str, framework: str, version: str,
+                 table_name: str | None = None, source_revision: str = "",
+                 status: str = "") -> PerformanceDatabase:
+    """One AIConfigurator Parquet table -> a database (all-or-nothing)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    name = table_name or path.stem
+    mapping = TABLES.get(name)
+    if mapping is None:
+        raise ConfigError(f"unsupported AIConfigurator table {name!r}", source=str(path),
+                          expected="one of " + ", ".join(sorted(TABLES)))
+    src = str(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ConfigError(f"cannot read Parquet: {exc}", source=src) from None
+    require_columns(table, mapping.required, src)
+    n = table.num_rows
+    if n == 0:
+        raise ConfigError("table has no rows", source=src)
+    columns: dict[str, pa.Array] = {}
+    for key, make in mapping.selectors:
+        made = make(table, src)
+        if made is None:
+            continue
+        arr, kind = made
+        if arr.null_count == len(arr):
+            continue
+        if kind == "int" and arr.null_count == 0 and not pa.types.is_integer(arr.type):
+            raise ConfigError(f"expected integers, found {arr.type}", source=src, field=key)
+        columns[selector_column(key, kind)] = arr
+    fw = framework.lower()
+    impl = table.column("kernel_source").combine_chunks().cast(pa.string())
+    if impl.null_count:
+        raise ConfigError("empty kernel_source", source=src, field="kernel_source")
+    columns[selector_column("implementation", "str")] = impl
+    if fw in LIBRARY_VERSION_KEY:
+        columns[selector_column(LIBRARY_VERSION_KEY[fw], "str")] = const(version, n)
+    else:
+        columns[selector_column("runtime", "str")] = const(fw, n)
+        columns[selector_column("runtime_revision", "str")] = const(version, n)
+    if mapping.operation is None:
+        ops = table.column("op_name").combine_chunks().cast(pa.string()).dictionary_encode()
+        unknown = sorted(set(ops.dictionary.to_pylist()) - set(COLLECTIVES))
+        if unknown:
+            raise ConfigError(f"unknown collective(s) {unknown}", source=src, field="op_name",
+                              expected="one of " + ", ".join(COLLECTIVES))
+        operation = pa.DictionaryArray.from_arrays(
+            ops.indices, pa.array([COLLECTIVES[o] for o in ops.dictionary.to_pylist()])
+        ).cast(pa.string())
+    else:
+        operation = const(mapping.operation, n)
+    digest = file_digest(path)
+    rel = "/".join(path.parts[-4:])
+    revision = source_revision or rel.rsplit("/", 1)[0]
+    meta = {"table": name, "framework": framework, "version": version}
+    if "device" in table.column_names:
+        meta["device"] = str(table.column("device")[0].as_py())
+    if status:
+        meta["status"] = status
+    columns.update({
+        "record_id": row_ids(f"{rel}#", n),
+        "subject": const(mapping.subject.value, n),
+        "operation": operation,
+        "hardware": const(hardware, n),
+        "dtype": canonical_dtypes(table.column(mapping.dtype_column), source=src,
+                                  field=mapping.dtype_column, aliases=DTYPE_ALIASES),
+        "latency_s": latency_seconds(table.column("latency"), MS, source=src, field="latency"),
+        "source": const(SOURCE, n), "source_revision": const(revision, n),
+        "importer": const(IMPORTER, n), "importer_revision": const(IMPORTER_REVISION, n),
+        "source_digest": const(digest, n),
+        "method": const(EstimateMethod.MEASURED.value, n),
+        "metadata": const("", n),
+    })
+    source = {"path": rel, "digest": digest, "rows": n, "revision": revision, **meta}
+    return PerformanceDatabase.from_columns(columns, name=f"aiconfigurator:{rel}",
+                                            sources=[source])
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping", source=str(path))
+    return data
+
+
+def version_folders(root: Path) -> list[Path]:
+    """Every `<family>/<framework>/<version>/` folder (or `root` itself if it is one)."""
+    if (root / "collection_meta.yaml").exists() or (root / "reuse.yaml").exists():
+        return [root]
+    found = sorted({p.parent for p in root.glob("**/collection_meta.yaml")}
+                   | {p.parent for p in root.glob("**/reuse.yaml")})
+    return found
+
+
+def import_system(root: str | Path, *, hardware: str,
+                  tables: tuple[str, ...] | None = None) -> PerformanceDatabase:
+    """Every supported table of a system folder (or of one family/framework/version
+    folder). `collection_meta.yaml` names the runtime; `reuse.yaml` borrows tables.
+    Unsupported tables are listed in the manifest as skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError("not a folder", source=str(root),
+                          expected="an AIConfigurator system folder")
+    wanted = set(tables or TABLES)
+    parts: list[PerformanceDatabase] = []
+    skipped: list[dict] = []
+    for folder in version_folders(root):
+        framework, version = folder.parent.name, folder.name
+        meta_path = folder / "collection_meta.yaml"
+        if meta_path.exists():
+            meta = _read_yaml(meta_path)
+            runtime = meta.get("runtime") or {}
+            framework = str(runtime.get("framework", framework))
+            version = str(runtime.get("version", version))
+            for table, info in sorted((meta.get("tables") or {}).items()):
+                status = str((info or {}).get("status", ""))
+                path = folder / f"{table}.parquet"
+                if table not in TABLES or table not in wanted or not path.exists():
+                    skipped.append({"path": str(path.relative_to(root)) if path.is_relative_to(root)
+                                    else str(path), "reason": "unsupported table"
+                                    if table not in TABLES else "not requested"
+                                    if table not in wanted else "file missing"})
+                    continue
+                parts.append(import_table(path, hardware=hardware, framework=framework,
+                                          version=version, table_name=table, status=status))
+        reuse_path = folder / "reuse.yaml"
+        if reuse_path.exists():
+            for entry in _read_yaml(reuse_path).get("reuse") or []:
+                table = str(entry.get("table", ""))
+                donor = str(entry.get("from_version", ""))
+                if table not in TABLES or table not in wanted:
+                    continue
+                path = folder.parent / donor / f"{table}.parquet"
+                if not path.exists():
+                    raise ConfigError(f"reuse of {table} from {donor}: {path} does not exist",
+                                      source=str(reuse_path), field="from_version")
+                rev = f"{'/'.join(folder.parts[-3:])} (reuses {donor})"
+                parts.append(import_table(path, hardware=hardware, framework=framework,
+                                          version=version, table_name=table,
+                                          source_revision=rev))
+    if not parts:
+        raise ConfigError("no supported AIConfigurator table found", source=str(root),
+                          expected="<family>/<framework>/<version>/<table>.parquet with "
+                                   "collection_meta.yaml; tables: " + ", ".join(sorted(TABLES)))
+    db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{root.name}")
+    return PerformanceDatabase(db.table, name=db.name,
+                               sources=[*db.sources, *({"skipped": s} for s in skipped)])
+
+
+class AIConfiguratorPerformanceImporter:
+    """Facade: `from_file` for one table, `from_system` for a whole folder."""
+
+    name = IMPORTER
+    revision = IMPORTER_REVISION
+
+    @staticmethod
+    def from_file(path: str | Path, *, hardware_name: str, framework: str, version: str,
+                  source_revision: str = "") -> PerformanceDatabase:
+        return import_table(path, hardware=hardware_name, framework=framework, version=version,
+                            source_revision=source_revision)
+
+    @staticmethod
+    def from_system(root: str | Path, *, hardware_name: str,
+                    tables: tuple[str, ...] | None = None) -> PerformanceDatabase:
+        return import_system(root, hardware=hardware_name, tables=tables)
