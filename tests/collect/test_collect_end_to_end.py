@@ -3,6 +3,7 @@ collect replay on CPU -> import as evidence -> the model's GEMM and attention ta
 measured rows for exactly the replayed shapes."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -56,9 +57,11 @@ def profile_tiny_block(path):
 
 def test_profile_parse_grid_replay_import(tmp_path):
     pytest.importorskip("torch")
-    from perfcast.collect.evidence import collected_records
+    from perfcast.collect.evidence import collected_database
     from perfcast.collect.tables import read_table
-    from perfcast.estimate import EstimateRequest, estimate_step
+    from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+    from perfcast.evidence.contracts import CostQueryContext
+    from perfcast.evidence.provider_db import PerformanceDatabaseProvider
     from perfcast.hardware import load_system
     from perfcast.workload import Batch, Precision
 
@@ -80,22 +83,30 @@ def test_profile_parse_grid_replay_import(tmp_path):
                "--repeat-count", "3", "--warmup", "1")
     assert ", 0 failed," in out
 
-    records = collected_records(db, hardware="local_cpu", runtime="torch",
-                                kernel_types=KERNEL_TYPES)
-    by_op = {}
-    for r in records:
-        by_op.setdefault(r.operation, {})[frozenset((k, v) for k, v in r.selector.items()
-                                                    if k != "runtime")] = r
-    # every GEMM and the attention of a 16-token prefill of the tiny config has a record
-    system = load_system(str(__import__("pathlib").Path(__file__).parent / "fixtures/local_cpu.yaml"))
+    database = collected_database(db, hardware="local_cpu", runtime="torch",
+                                  kernel_types=KERNEL_TYPES)
+    system = load_system(str(Path(__file__).parent / "fixtures" / "local_cpu.yaml"))
+    resolver = make_resolver(system, [PerformanceDatabaseProvider(database)])
     result = estimate_step(EstimateRequest(model=str(cfg), device=system,
-                                           batch=Batch.prefill(1, 16),
-                                           precision=Precision.uniform("fp32")))
+                                           batch=Batch.prefill(1, 32),  # shapes only the grid has
+                                           precision=Precision.uniform("fp32"),
+                                           context=CostQueryContext(runtime="torch")), resolver)
+    replayed = {(r["Input Shapes"], r["Average Duration(us)"])
+                for name in ("aten__linear.csv", "aten__scaled_dot_product_attention.csv")
+                for r in read_table(db / name).rows if r.get("MicroBench Count")}
+    measured = 0
     for ct in result.costed.tasks:
+        est = ct.resolution.estimate
         if ct.task.operation not in ("gemm", "attention"):
+            assert est.method.value == "analytical"
             continue
-        facts = set(ct.task.work.axes.items())
-        hits = [r for sel, r in by_op[ct.task.operation].items() if sel <= facts]
-        assert len(hits) == 1, ct.task.lineage
-        assert hits[0].dtype == "fp32" and hits[0].latency_s > 0
-        assert hits[0].metadata["latency_column"] == "Average Duration(us)"
+        measured += 1
+        assert (est.method.value, est.provider) == ("measured", "database"), ct.task.lineage
+        # the estimate is the replayed row's microbenchmark mean, in seconds
+        (rid,) = est.raw_record_ids
+        file, row = rid.split("#row")
+        r = read_table(db / file).rows[int(row) - 2]
+        assert r["MicroBench Backend"] == "cpu"
+        assert est.latency_s == pytest.approx(float(r["Average Duration(us)"]) * 1e-6)
+        assert (r["Input Shapes"], r["Average Duration(us)"]) in replayed
+    assert measured == 6  # qkv, attention, o, gate_up, down, lm_head

@@ -166,3 +166,45 @@ def _comm_records(table, stem: str, hardware: str, context: dict, comm_dtype: st
             selector=FrozenDict({"message_bytes": full, "participants": int(n), **context}),
             latency_s=found[0] * 1e-6, provenance=prov(i), metadata=FrozenDict(meta)))
     return out
+
+
+def to_performance_records(records: Sequence[CollectedRecord]):
+    """The records as `perfcast.evidence.records.PerformanceRecord`s."""
+    from perfcast.evidence.contracts import CostSubject, EstimateMethod
+    from perfcast.evidence.records import EvidenceProvenance, PerformanceRecord
+
+    out = []
+    for r in records:
+        p = r.provenance
+        out.append(PerformanceRecord(
+            subject=CostSubject(r.subject), operation=r.operation, hardware=r.hardware,
+            dtype=r.dtype, selector=r.selector, latency_s=float(r.latency_s),
+            provenance=EvidenceProvenance(
+                source=p["source"], source_revision=p["source_revision"],
+                importer=p["importer"], importer_revision=p["importer_revision"],
+                source_digest=p["source_digest"], method=EstimateMethod(p["method"]),
+                raw_record_id=p["raw_record_id"]),
+            metadata=r.metadata))
+    return out
+
+
+def collected_database(database_path: Path, *, name: str = "", **options):
+    """A `PerformanceDatabase` (immutable, content-addressed) of a collected database;
+    `options` are those of `collected_records`. Its manifest sources list the folder and
+    the collection manifest's profile digests."""
+    import json
+
+    from perfcast.collect.parse import MANIFEST
+    from perfcast.evidence.database import PerformanceDatabase
+
+    root = Path(database_path)
+    records = collected_records(root, **options)
+    if not records:
+        raise ConfigError("holds no row with a valid latency to import", source=str(root),
+                          expected="replayed or profiled rows (Average Duration(us) > 0)")
+    source = {"path": str(root), "importer": IMPORTER, "importer_revision": IMPORTER_REVISION}
+    manifest = root / MANIFEST
+    if manifest.is_file():
+        source["collection_runs"] = json.loads(manifest.read_text(encoding="utf-8"))["runs"]
+    return PerformanceDatabase.from_records(to_performance_records(records),
+                                            name=name or root.name, sources=[source])
