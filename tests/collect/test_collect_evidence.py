@@ -85,3 +85,28 @@ def test_two_kernel_types_for_one_shape_are_refused(tmp_path):
         collected_records(tmp_path, hardware="cpu")
     only = collected_records(tmp_path, hardware="cpu", kernel_types=["aten::linear"])
     assert [r.latency_s for r in only] == [pytest.approx(9e-6)]
+
+
+def test_import_command_saves_a_snapshot_that_loads_to_the_same_digest(fixtures, tmp_path):
+    from typer.testing import CliRunner
+
+    from perfcast.cli.main import app
+    from perfcast.evidence.database import PerformanceDatabase
+
+    parse_profiling(fixtures / "ascend_prof", tmp_path / "db")
+    out = tmp_path / "snap"
+    res = CliRunner().invoke(app, ["collect", "import", "--database-path", str(tmp_path / "db"),
+                                   "--output", str(out), "--hardware",
+                                   "atlas_800_a3_752t_128g_die", "--runtime", "vllm"])
+    assert res.exit_code == 0, res.output
+    db = PerformanceDatabase.load(out)
+    assert f"2 records, digest {db.digest}" in res.output      # the two MatMulV2 shapes
+    assert {r.selector["m"] for r in db.records()} == {128, 1024}
+    runs = db.sources[0]["collection_runs"]
+    assert runs[0]["profiles"][0]["path"].endswith("kernel_details.csv")
+    # importing again replaces the snapshot in place with identical content
+    res = CliRunner().invoke(app, ["collect", "import", "--database-path", str(tmp_path / "db"),
+                                   "--output", str(out), "--hardware",
+                                   "atlas_800_a3_752t_128g_die", "--runtime", "vllm"])
+    assert res.exit_code == 0 and PerformanceDatabase.load(out).digest == db.digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "snap"]

@@ -196,3 +196,32 @@ def comm_command(
                    + (", ".join(str(p) for p in written) or "nothing (no --database-path)"))
         if result.failures:
             raise typer.Exit(1)
+
+
+@app.command("import")
+def import_command(
+    database_path: Annotated[Path, typer.Option("--database-path", help="collected database folder")],
+    output: Annotated[Path, typer.Option("--output", help="folder for the evidence snapshot")],
+    hardware: Annotated[str, typer.Option("--hardware", help="system name the rows were "
+                                                             "measured on (catalog id or YAML name)")],
+    runtime: Annotated[str, typer.Option("--runtime", help="runtime selector, e.g. torch, vllm")] = "",
+    runtime_version: Annotated[str, typer.Option("--runtime-version", help="runtime revision selector")] = "",
+    kernel_types: Annotated[Optional[list[str]], typer.Option(
+        "--kernel-types", help="only these compute kernel types")] = None,
+    operations: Annotated[Optional[list[str]], typer.Option(
+        "--operations", help="compute operations to import (default gemm, attention)")] = None,
+    comm_dtype: Annotated[str, typer.Option("--comm-dtype", help="dtype of hcom rows "
+                                                                 "without a dtype column")] = "bf16",
+    fmt: Annotated[str, typer.Option("--format", help="parquet | json")] = "parquet",
+) -> None:
+    """Turn a collected database into an immutable evidence snapshot (PerformanceDatabase)."""
+    from perfcast.collect.evidence import DEFAULT_OPERATIONS, collected_database, save_database_atomic
+
+    with user_errors():
+        db = collected_database(database_path, hardware=hardware, runtime=runtime,
+                                runtime_revision=runtime_version,
+                                kernel_types=_split(kernel_types),
+                                operations=tuple(_split(operations)) or DEFAULT_OPERATIONS,
+                                comm_dtype=comm_dtype)
+        save_database_atomic(db, output, fmt=fmt)
+        typer.echo(f"{len(db)} records, digest {db.digest}, saved to {output}")

@@ -208,3 +208,29 @@ def collected_database(database_path: Path, *, name: str = "", **options):
         source["collection_runs"] = json.loads(manifest.read_text(encoding="utf-8"))["runs"]
     return PerformanceDatabase.from_records(to_performance_records(records),
                                             name=name or root.name, sources=[source])
+
+
+def save_database_atomic(database, folder: Path, *, fmt: str = "parquet") -> Path:
+    """Save a PerformanceDatabase into `folder` so that the folder either holds the old
+    snapshot or the complete new one: it is written to a sibling temporary folder first,
+    then renamed into place."""
+    import os
+    import shutil
+    import tempfile
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        database.save(tmp, fmt=fmt)
+        if folder.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
+            os.replace(folder, old / folder.name)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
