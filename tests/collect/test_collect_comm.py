@@ -42,7 +42,7 @@ def test_rows_use_median_and_bytes_over_duration(tmp_path):
                           output_csv=tmp_path / "x.csv")
 
 
-def test_gloo_two_processes_on_loopback(tmp_path):
+def test_gloo_two_processes_on_loopback(tmp_path, lookup_comm):
     pytest.importorskip("torch")
     from perfcast.collect.comm import run_local
 
@@ -62,3 +62,17 @@ def test_gloo_two_processes_on_loopback(tmp_path):
         assert r["Count"] == "3" and float(r["Duration(us)"]) > 0
         assert float(r["bandwidth_gbps"]) == pytest.approx(
             int(r["message_bytes"]) / float(r["Duration(us)"]) / 1e3, rel=1e-3)
+    # the tables answer TensorCast's communication path and import as evidence
+    hit = lookup_comm(tmp_path, "all_reduce", 4096, 2)
+    assert hit.source.value == "MEASURED"
+    assert hit.latency_us == float(t.rows[0]["Duration(us)"])
+    gathered = read_table(tmp_path / "hcom_allGather_.csv").rows[1]   # 65536 B per rank
+    assert lookup_comm(tmp_path, "all_gather", 2 * 65536, 2).latency_us == \
+        float(gathered["Duration(us)"])
+    from perfcast.collect.evidence import collected_database
+
+    db = collected_database(tmp_path, hardware="local_cpu", runtime="torch")
+    recs = {(r.operation, r.selector["message_bytes"]): r for r in db.records()}
+    assert recs[("all_gather", 2 * 65536)].latency_s == pytest.approx(
+        float(gathered["Duration(us)"]) * 1e-6)
+    assert {op for op, _ in recs} == {"all_reduce", "all_gather", "send_recv"}

@@ -5,40 +5,13 @@ from perfcast.collect.evidence import collected_records
 from perfcast.collect.parse import parse_profiling
 from perfcast.core.errors import ConfigError
 
-OP_MAPPING = """\
-operator_mappings:
-  "tensor_cast.all_reduce.default":
-    kernel_type: hcom_allReduce_
-    category: communication
-  "tensor_cast.all_gather.default":
-    kernel_type: hcom_allGather_
-    category: communication
-"""
-
-
-def comm_database(tmp_path, result, cfg):
-    write_comm_tables(result, cfg, database_path=tmp_path)
-    (tmp_path / "op_mapping.yaml").write_text(OP_MAPPING)
-    return tmp_path
-
-
-def lookup_comm(db, operation, message_bytes, participants):
-    from perfcast.core.frozen import FrozenDict
-    from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
-    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
-    from perfcast.hardware import load_system
-
-    ds = ProfilingDataSource(db, load_system("atlas_800_a3_752t_128g_die"))
-    return ds.lookup(OpInvokeInfo(f"tensor_cast.{operation}.default", dims=FrozenDict(
-        message_bytes=message_bytes, participants=participants)))
-
-
-def test_comm_tables_answer_through_profiling_data_source(tmp_path):
+def test_comm_tables_answer_through_profiling_data_source(tmp_path, lookup_comm):
     cfg = CommBenchConfig(ops=("all_reduce", "all_gather"), dtype="bf16")
     result = CommResult([CommMeasurement("all_reduce", 65536, 2, (30.0, 31.0, 29.0)),
                          CommMeasurement("all_reduce", 262144, 2, (50.0,)),
                          CommMeasurement("all_gather", 4096, 2, (12.0,))])
-    db = comm_database(tmp_path, result, cfg)
+    write_comm_tables(result, cfg, database_path=tmp_path)
+    db = tmp_path
     hit = lookup_comm(db, "all_reduce", 65536, 2)
     assert (hit.latency_us, hit.source.value) == (30.0, "MEASURED")
     assert hit.details["topology_tier"] == 2            # both dies of one A3 chip

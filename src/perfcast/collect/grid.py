@@ -42,6 +42,7 @@ from perfcast.collect.tables import (
     load_database,
     parse_shapes,
     split_list,
+    table_key,
     write_tables,
 )
 from perfcast.core.errors import ConfigError
@@ -262,6 +263,7 @@ def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, row
                           field="--database-path", expected="a database with {KernelType}.csv files")
     max_bytes = max_memory_gb * 2**30 if max_memory_gb else 0.0
     rng = random.Random(0 if seed is None else seed)
+    ops = [table_key(o) for o in ops]
     appended, changed = {}, []
     for ktype, table in sorted(tables.items()):
         if ops and ktype not in ops:

@@ -110,6 +110,12 @@ def csv_name(kernel_type: str) -> str:
     return safe + ".csv"
 
 
+def table_key(name: str) -> str:
+    """The database key (file stem) of a kernel type given either way (`aten::mm` or
+    `aten__mm`)."""
+    return csv_name(name)[:-4]
+
+
 # -- encodings -----------------------------------------------------------------------
 def strip_quotes(text: str) -> str:
     """msprof sometimes writes shape cells wrapped in literal quotes: `"128,4;"`."""

@@ -43,6 +43,7 @@ from perfcast.collect.tables import (
     load_database,
     parse_shapes,
     split_list,
+    table_key,
     valid_duration,
     write_tables,
 )
@@ -148,6 +149,7 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
         raise ConfigError(f"backend {backend.name} cannot run here: {reason}", field="--backend")
     settings = settings or ReplaySettings()
     tables = load_database(Path(database_path))
+    ops = [table_key(o) for o in ops]
     unknown = [o for o in ops if o not in tables]
     if unknown:
         raise ConfigError(f"no CSV for kernel type(s) {', '.join(unknown)}",
