@@ -75,7 +75,7 @@ def test_grid_is_deterministic_for_a_seed_and_capped(tmp_path, database, tiny_co
     shutil.copytree(database, other)
     a = generate_grid(database, [str(tiny_config)], rows=10, seed=7, tp_sizes=(1, 2))
     b = generate_grid(other, [str(tiny_config)], rows=10, seed=7, tp_sizes=(1, 2))
-    assert a.appended["aten__linear"] == 10
+    assert a.appended["aten__linear"] == 10 and a.appended == b.appended
     assert (database / "aten__linear.csv").read_text() == (other / "aten__linear.csv").read_text()
 
 

@@ -208,7 +208,6 @@ def compute_rows(table: KernelTable, spec: KernelTypeSpec, models: Sequence[Mode
     for tmpl in _templates(table):
         arity = len(parse_shapes(tmpl.get(INPUT_SHAPES, "")))
         in_dt = split_list(tmpl.get(INPUT_DTYPES, ""))
-        in_fmt = split_list(tmpl.get(INPUT_FORMATS, ""))
         out_dt = split_list(tmpl.get(OUTPUT_DTYPES, ""))
         for axes in axes_list:
             slots = layout.slots(axes, arity)

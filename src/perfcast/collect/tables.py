@@ -19,6 +19,7 @@ renamed over the target; a batch of files is staged completely before any rename
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -293,7 +294,7 @@ def write_files_atomic(files: Mapping[Path, str]) -> None:
                 os.fsync(fh.fileno())
     except BaseException:
         for tmp, _ in staged:
-            with _suppress():
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
     for tmp, path in staged:
@@ -309,11 +310,3 @@ def write_tables(tables: Iterable[KernelTable],
         files[t.path] = _render(t)
     write_files_atomic(files)
     return list(files)
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return True
