@@ -92,6 +92,7 @@ def parse_ascend_csv(path: Path, layout: AscendLayout | None = None) -> Iterator
             raise ConfigError(f"{layout.name} CSV lacks column(s) {', '.join(missing)}",
                               source=src, expected="shape columns (profile with record_shapes)")
         counters = [c for c in header if c not in BOOKKEEPING and c]
+        keys: dict[tuple, FrozenDict] = {}  # identical key cells share one validated key
         for lineno, values in enumerate(reader, start=2):
             if not values or not any(v.strip() for v in values):
                 continue
@@ -99,29 +100,40 @@ def parse_ascend_csv(path: Path, layout: AscendLayout | None = None) -> Iterator
                 raise ConfigError(f"has {len(values)} cells, the header {len(header)}",
                                   source=f"{src}, row {lineno}", expected="one cell per column")
             row = dict(zip(header, values))
-            yield _sample(row, layout, counters, src, lineno)
+            yield _sample(row, layout, counters, src, lineno, keys)
+
+
+def _key(row: dict[str, str], layout: AscendLayout, src: str, lineno: int,
+         cache: dict[tuple, FrozenDict]) -> FrozenDict:
+    cells = (row.get(STATE), row.get(layout.core_column)) + tuple(row.get(c) for c in SHAPE_COLUMNS)
+    key = cache.get(cells)
+    if key is not None:
+        return key
+    built = {STATE: (row.get(STATE) or "").strip(),
+             CORE: (row.get(layout.core_column) or "").strip()}
+    for col in SHAPE_COLUMNS:
+        text = strip_quotes(row.get(col) or "")
+        text = "" if text.upper() in ("N/A", "NA") else text
+        if col in (INPUT_SHAPES, OUTPUT_SHAPES):
+            parse_shapes(text, source=src, row=lineno, column=col)  # validate
+        built[col] = text
+    key = cache[cells] = FrozenDict(built)
+    return key
 
 
 def _sample(row: dict[str, str], layout: AscendLayout, counters: list[str], src: str,
-            lineno: int) -> KernelSample:
+            lineno: int, key_cache: dict[tuple, FrozenDict]) -> KernelSample:
     ktype = (row.get(layout.type_column) or "").strip()
     if not ktype:
         raise ConfigError("is empty", source=f"{src}, row {lineno}", field=layout.type_column,
                           expected="a kernel type")
     duration = parse_float(row.get(layout.duration_column), source=src, row=lineno,
                            column=layout.duration_column)
-    key = {STATE: (row.get(STATE) or "").strip(),
-           CORE: (row.get(layout.core_column) or "").strip()}
-    for col in SHAPE_COLUMNS:
-        text = strip_quotes(row.get(col) or "")
-        text = "" if text.upper() in ("N/A", "NA") else text
-        if col in (INPUT_SHAPES, OUTPUT_SHAPES):
-            parse_shapes(text, source=src, row=lineno, column=col)  # validate
-        key[col] = text
+    key = _key(row, layout, src, lineno, key_cache)
     values = {}
     for c in counters:
         v = parse_float(row.get(c), source=src, row=lineno, column=c, allow_empty=True)
         if v is not None:
             values[c] = v
-    return KernelSample(kernel_type=ktype, key=FrozenDict(key), duration_us=float(duration),
+    return KernelSample(kernel_type=ktype, key=key, duration_us=float(duration),
                         counters=FrozenDict(values), source=src, row=lineno)

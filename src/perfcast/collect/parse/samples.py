@@ -45,18 +45,19 @@ class KernelSample:
 def aggregate(samples: Iterable[KernelSample]) -> dict[str, KernelTable]:
     """Group samples by (kernel type, key) into tables with average/median/std/count
     and `Average <counter>` columns (mean over the samples that report the counter)."""
-    groups: dict[str, dict[tuple, list[KernelSample]]] = defaultdict(dict)
+    groups: dict[str, dict[FrozenDict, list[KernelSample]]] = defaultdict(dict)
     extra_keys: dict[str, list[str]] = defaultdict(list)
     counters: dict[str, list[str]] = defaultdict(list)
     for s in samples:
-        for k in s.key:
-            if k not in KEY_COLUMNS and k not in extra_keys[s.kernel_type]:
-                extra_keys[s.kernel_type].append(k)
-        for c in s.counters:
-            if c not in counters[s.kernel_type]:
-                counters[s.kernel_type].append(c)
-        gkey = tuple(sorted(s.key.items()))
-        groups[s.kernel_type].setdefault(gkey, []).append(s)
+        by_key = groups[s.kernel_type]
+        members = by_key.get(s.key)  # FrozenDict keys: hashable, sorted
+        if members is None:
+            members = by_key[s.key] = []
+            extra_keys[s.kernel_type] += [k for k in s.key if k not in KEY_COLUMNS
+                                          and k not in extra_keys[s.kernel_type]]
+        if s.counters.keys() - set(counters[s.kernel_type]):
+            counters[s.kernel_type] += [c for c in s.counters if c not in counters[s.kernel_type]]
+        members.append(s)
     tables = {}
     for ktype, by_key in groups.items():
         header = list(KEY_COLUMNS) + [AVG, MEDIAN, STD, COUNT]
