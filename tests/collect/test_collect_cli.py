@@ -38,8 +38,14 @@ def test_parse_then_grid_from_the_command_line(fixtures, tmp_path):
     assert "MatMulV2: +5 rows" in res.output
     rows = read_table(db / "MatMulV2.csv").rows
     assert len(rows) == 2 + 5
-    # tp=4: o_proj (n=5120, k=10*128=1280); qkv n=(10+2*2)*128=1792; FRACTAL_NZ template kept
+    # new rows keep the template's FRACTAL_NZ weight tiling: (n/16, k/16, 16, 16)
     assert all(r["Input Formats"] == "ND;FRACTAL_NZ" for r in rows)
+    for r in rows[2:]:
+        (m, k), (n16, k16, h0, w0) = [tuple(map(int, t.split(","))) for t in
+                                      r["Input Shapes"].split(";")]
+        assert (h0, w0) == (16, 16) and k16 * 16 == k
+        # tp=4 projections of the config: qkv n=(10+2*2)*128, o_proj, gate_up, down
+        assert (n16 * 16, k) in {(1792, 5120), (5120, 1280), (12800, 5120), (5120, 6400)}
 
 
 def test_malformed_profile_exits_2_with_the_row(fixtures, tmp_path):

@@ -83,3 +83,20 @@ def test_import_command_saves_a_snapshot_that_loads_to_the_same_digest(fixtures,
                                    "atlas_800_a3_752t_128g_die", "--runtime", "vllm"])
     assert res.exit_code == 0 and PerformanceDatabase.load(out).digest == db.digest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "snap"]
+
+
+def test_parsed_kernel_tables_answer_the_profiling_compute_path(fixtures, tmp_path):
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+    from perfcast.hardware import load_system
+    from perfcast.workload.tensors import TensorSpec
+
+    parse_profiling(fixtures / "ascend_prof", tmp_path)
+    (tmp_path / "op_mapping.yaml").write_text(
+        'operator_mappings:\n  "aten.mm.default":\n    kernel_type: MatMulV2\n')
+    ds = ProfilingDataSource(tmp_path, load_system("atlas_800_a3_752t_128g_die"))
+    hit = ds.lookup(OpInvokeInfo("aten.mm.default", (TensorSpec((128, 5120), "bf16"),
+                                                     TensorSpec((5120, 1280), "bf16")),
+                                 dims=FrozenDict(m=128, n=1280, k=5120)))
+    assert hit.source.value == "MEASURED" and hit.latency_us == pytest.approx(20.7)

@@ -30,5 +30,16 @@ def test_sdpa_axes_and_inverse():
     assert LAYOUTS["sdpa"].slots(axes, 3) == ((2, 8, 1, 64), (2, 2, 300, 64), (2, 2, 300, 64))
 
 
+def test_fractal_nz_weight_is_restored_before_reading_axes():
+    from perfcast.collect.kernel_types import fractal_nz_like
+
+    spec = spec_for("MatMulV2")
+    # bf16 weight k=5120, n=1280 in (n/16, k/16, 16, 16) tiles
+    assert axes_of(spec, ((128, 5120), (80, 320, 16, 16)), ("ND", "FRACTAL_NZ")) == \
+        {"m": 128, "k": 5120, "n": 1280}
+    assert fractal_nz_like((5120, 1280), (1, 1, 16, 16)) == (80, 320, 16, 16)
+    assert fractal_nz_like((5120, 1000), (1, 1, 16, 16)) is None
+
+
 def test_inconsistent_shapes_have_no_axes():
     assert axes_of(spec_for("aten::mm"), ((8, 64), (32, 128))) is None

@@ -23,7 +23,7 @@ def test_kernel_details_folder_becomes_per_kernel_csvs(fixtures, tmp_path):
     # same column layout as the TensorCast per-kernel fixture CSVs
     assert mm.header[:len(REF_COLUMNS)] == REF_COLUMNS
     rows = {r["Input Shapes"]: r for r in mm.rows}
-    small = rows["128,5120;5120,1280"]
+    small = rows["128,5120;80,320,16,16"]   # weight in FRACTAL_NZ tiles
     assert small["Input Formats"] == "ND;FRACTAL_NZ"
     assert small["Input Data Types"] == "DT_BF16;DT_BF16"
     assert float(small["Average Duration(us)"]) == pytest.approx(20.7)   # (20.1 + 21.3) / 2
@@ -33,7 +33,7 @@ def test_kernel_details_folder_becomes_per_kernel_csvs(fixtures, tmp_path):
     assert float(small["Average aicore_time(us)"]) == pytest.approx(18.5)
     assert float(small["Average cube_utilization(%)"]) == pytest.approx(60.55)
     assert "Average aiv_time(us)" not in mm.header                        # only N/A samples
-    assert float(rows["1024,5120;5120,1280"]["Average Duration(us)"]) == 45.0
+    assert float(rows["1024,5120;80,320,16,16"]["Average Duration(us)"]) == 45.0
     norm = read_table(tmp_path / "RmsNorm.csv").rows[0]
     assert norm["Output Data Types"] == "DT_BF16;FLOAT"
     assert float(norm["Average Duration(us)"]) == 6.5
@@ -74,15 +74,15 @@ def test_merge_replaces_same_key_and_keeps_others(fixtures, tmp_path):
     src.write_text("\n".join([lines[0], lines[3].replace(",45.0,", ",50.0,")]) + "\n")
     parse_profiling(src, tmp_path)
     rows = {r["Input Shapes"]: r for r in read_table(tmp_path / "MatMulV2.csv").rows}
-    assert float(rows["1024,5120;5120,1280"]["Average Duration(us)"]) == 50.0
-    assert float(rows["128,5120;5120,1280"]["Average Duration(us)"]) == pytest.approx(20.7)
+    assert float(rows["1024,5120;80,320,16,16"]["Average Duration(us)"]) == 50.0
+    assert float(rows["128,5120;80,320,16,16"]["Average Duration(us)"]) == pytest.approx(20.7)
 
 
 @pytest.mark.parametrize("old,new,column", [
     (",21.3,", ",abc,", "Duration(us)"),
     (",21.3,", ",-1,", "Duration(us)"),
-    ('"128,5120;5120,1280",DT_BF16;DT_BF16,ND;FRACTAL_NZ,"128,1280",DT_BF16,ND,N/A,19.0',
-     '"128,51x0;5120,1280",DT_BF16;DT_BF16,ND;FRACTAL_NZ,"128,1280",DT_BF16,ND,N/A,19.0',
+    ('"128,5120;80,320,16,16",DT_BF16;DT_BF16,ND;FRACTAL_NZ,"128,1280",DT_BF16,ND,N/A,19.0',
+     '"128,51x0;80,320,16,16",DT_BF16;DT_BF16,ND;FRACTAL_NZ,"128,1280",DT_BF16,ND,N/A,19.0',
      "Input Shapes"),
     (",19.0,34960,", ",fast,34960,", "aicore_time(us)"),
 ])

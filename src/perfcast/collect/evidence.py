@@ -30,6 +30,7 @@ from perfcast.collect.tables import (
     COMM_PREFIX,
     COUNT,
     INPUT_DTYPES,
+    INPUT_FORMATS,
     INPUT_SHAPES,
     STD,
     load_database,
@@ -104,7 +105,7 @@ def collected_records(database_path: Path, *, hardware: str, runtime: str = "",
             if found is None:
                 continue
             slots = parse_shapes(row.get(INPUT_SHAPES, ""), source=src, row=i + 2)
-            axes = axes_of(spec, slots)
+            axes = axes_of(spec, slots, split_list(row.get(INPUT_FORMATS, "")))
             dtypes = split_list(row.get(INPUT_DTYPES, ""))
             if axes is None or not dtypes:
                 continue

@@ -24,7 +24,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfcast.collect.kernel_types import LAYOUTS, KernelTypeSpec, spec_for
+from perfcast.collect.kernel_types import (
+    FRACTAL_NZ,
+    LAYOUTS,
+    KernelTypeSpec,
+    fractal_nz_like,
+    spec_for,
+)
 from perfcast.collect.parse.torch_trace import INPUT_STRIDES
 from perfcast.collect.replay.torch_ops import ASCEND_TO_TORCH_DTYPE
 from perfcast.collect.tables import (
@@ -192,6 +198,21 @@ def _templates(table: KernelTable) -> list[dict[str, str]]:
     return out
 
 
+def _tiled_like_template(slots, template_slots, formats):
+    """Write the slots whose template is FRACTAL_NZ in the template's tiling (None when a
+    dimension does not divide into tiles)."""
+    out = []
+    for i, shape in enumerate(slots):
+        fmt = formats[i].strip().upper() if i < len(formats) else ""
+        t = template_slots[i] if i < len(template_slots) else None
+        if fmt == FRACTAL_NZ and shape is not None and t is not None and len(t) >= 4:
+            shape = fractal_nz_like(shape, t)
+            if shape is None:
+                return None
+        out.append(shape)
+    return tuple(out)
+
+
 def _order_signature(strides_text: str) -> tuple:
     return tuple(None if st is None else tuple(sorted(range(len(st)), key=lambda d: (-st[d], d)))
                  for st in parse_shapes(strides_text))
@@ -209,9 +230,14 @@ def compute_rows(table: KernelTable, spec: KernelTypeSpec, models: Sequence[Mode
         arity = len(parse_shapes(tmpl.get(INPUT_SHAPES, "")))
         in_dt = split_list(tmpl.get(INPUT_DTYPES, ""))
         out_dt = split_list(tmpl.get(OUTPUT_DTYPES, ""))
+        in_fmt = split_list(tmpl.get(INPUT_FORMATS, ""))
+        t_slots = parse_shapes(tmpl.get(INPUT_SHAPES, ""))
         for axes in axes_list:
             slots = layout.slots(axes, arity)
             if len(slots) != arity:
+                continue
+            slots = _tiled_like_template(slots, t_slots, in_fmt)
+            if slots is None:
                 continue
             out_shape = layout.output(axes) if layout.output else None
             if max_bytes and _bytes(slots, in_dt) + (

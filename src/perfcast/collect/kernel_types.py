@@ -71,10 +71,19 @@ def _present(slots: Slots) -> list[Shape]:
 
 
 def _matmul_axes(slots: Slots) -> dict[str, int] | None:
+    """x (..., k) times a weight stored (k, n) or transposed (n, k) -- the orientation a
+    FRACTAL_NZ weight restores to."""
     s = _present(slots)
-    if len(s) < 2 or len(s[0]) < 2 or len(s[1]) != 2 or s[0][-1] != s[1][0]:
+    if len(s) < 2 or len(s[0]) < 2 or len(s[1]) != 2:
         return None
-    return {"m": math.prod(s[0][:-1]), "k": s[0][-1], "n": s[1][1]}
+    x, w = s[0], s[1]
+    if x[-1] == w[0]:
+        n = w[1]
+    elif x[-1] == w[1]:
+        n = w[0]
+    else:
+        return None
+    return {"m": math.prod(x[:-1]), "k": x[-1], "n": n}
 
 
 def _addmm_axes(slots: Slots) -> dict[str, int] | None:
@@ -188,5 +197,28 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
-def axes_of(spec: KernelTypeSpec, slots: Sequence[Shape | None]) -> dict | None:
-    return LAYOUTS[spec.layout].axes(tuple(slots))
+FRACTAL_NZ = "FRACTAL_NZ"
+
+
+def nd_slots(slots: Sequence[Shape | None], formats: Sequence[str] = ()) -> Slots:
+    """Tensor slots with FRACTAL_NZ tiles restored to their ND shape."""
+    from perfcast.evidence.profiling.shape_rules import fractal_nz_to_nd
+
+    return tuple(fractal_nz_to_nd(s) if s is not None and i < len(formats)
+                 and formats[i].strip().upper() == FRACTAL_NZ else s
+                 for i, s in enumerate(slots))
+
+
+def fractal_nz_like(nd_weight: Shape, template_nz: Shape) -> Shape | None:
+    """A (k, n) ND weight in the FRACTAL_NZ tiling of a template slot
+    (`[N/W0, K/H0, H0, W0]`), or None when the dims do not divide into tiles."""
+    h0, w0 = template_nz[-2], template_nz[-1]
+    k, n = nd_weight[-2], nd_weight[-1]
+    if k % h0 or n % w0:
+        return None
+    return (*nd_weight[:-2], n // w0, k // h0, h0, w0)
+
+
+def axes_of(spec: KernelTypeSpec, slots: Sequence[Shape | None],
+            formats: Sequence[str] = ()) -> dict | None:
+    return LAYOUTS[spec.layout].axes(nd_slots(slots, formats))
