@@ -16,6 +16,14 @@ from perfcast.evidence.costing import CostedGraph, cost_graph
 from perfcast.evidence.resolver import CostResolver
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System, load_system
+from perfcast.plan import (
+    OverlapMode,
+    PipelineSchedule,
+    PlanOptions,
+    Timeline,
+    schedule_plan,
+    split_batch,
+)
 from perfcast.workload import (
     Batch,
     ModelSpec,
@@ -37,17 +45,37 @@ class EstimateRequest:
     logits: str = "last"
     roofline_mode: str = "roofline"
     context: CostQueryContext = field(default_factory=CostQueryContext)
+    # plan-level composition (perfcast.plan)
+    num_microbatches: int = 1
+    pp_schedule: str = "gpipe"      # gpipe | 1f1b
+    overlap: str = "comm"           # none | comm | two-microbatch
+    full_timeline: bool = False     # expand every layer (else representative layers, extrapolated)
+    # workload options (perfcast.workload.build_task_graph)
+    mtp_layers: int = 0
+    mla_form: str = "auto"
+    block_size: int = 0
+    reserve_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
 class StepResult:
+    """`graph`/`costed` hold the whole step's work (the per-op table); `timeline` is the
+    plan that schedules it (per microbatch graphs when the step is split)."""
+
     request: EstimateRequest
     system: System
     graph: TaskGraph
     costed: CostedGraph
+    timeline: Timeline | None = None
 
     @property
     def latency_s(self) -> float:
+        """Step latency: the plan's makespan (the plain sum when no plan was scheduled)."""
+        return self.timeline.makespan_s if self.timeline is not None else self.sum_of_tasks_s
+
+    @property
+    def sum_of_tasks_s(self) -> float:
+        """Plain sum of the whole step's task latencies (no overlap, no pipelining)."""
         return self.costed.sum_of_tasks_s()
 
     @property
@@ -74,11 +102,37 @@ def make_resolver(system: System, evidence: Sequence[CostProvider] = (), *,
     return CostResolver([*evidence, *default_providers(system, roofline_mode=roofline_mode)])
 
 
+def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch) -> TaskGraph:
+    """The task graph of `batch` (the whole step or one microbatch) under the request."""
+    return build_task_graph(model, request.plan, batch, request.precision,
+                            logits=request.logits, mtp_layers=request.mtp_layers,
+                            mla_form=request.mla_form, block_size=request.block_size,
+                            reserve_bytes=request.reserve_bytes)
+
+
 def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None) -> StepResult:
+    PipelineSchedule.parse(request.pp_schedule)  # bad plan options fail before any costing
+    halves = OverlapMode.parse(request.overlap).halves
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
-    graph = build_task_graph(model, request.plan, request.batch, request.precision,
-                             logits=request.logits)
+    graph = _build_graph(request, model, request.batch)
     resolver = resolver or make_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
-    return StepResult(request=request, system=system, graph=graph, costed=costed)
+    options = PlanOptions(num_microbatches=request.num_microbatches,
+                          pp_schedule=request.pp_schedule, overlap=request.overlap,
+                          full_timeline=request.full_timeline)
+    parts = request.num_microbatches * halves
+    units = [costed]
+    if parts > 1:
+        by_batch: dict = {}
+        units = []
+        note = f"{request.num_microbatches} x {halves} halves (--overlap two-microbatch)" \
+            if halves > 1 else ""
+        for part in split_batch(request.batch, parts, note=note):
+            if part not in by_batch:
+                by_batch[part] = cost_graph(_build_graph(request, model, part), system.name,
+                                            resolver, request.context)
+            units.append(by_batch[part])
+    timeline = schedule_plan(units, system, options)
+    return StepResult(request=request, system=system, graph=graph, costed=costed,
+                      timeline=timeline)

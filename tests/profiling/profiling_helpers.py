@@ -11,7 +11,7 @@ from perfcast.workload.tensors import TensorSpec
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "msmodeling"
 DB = FIXTURES / "a3_qwen3_8b"
 FIA_DB = FIXTURES / "fia_fixture"
-REAL_MAPPING = Path("/work/shared/reference/msmodeling/op_mapping.vllm0.18.0_torch2.9.0_cann8.5.yaml")
+REAL_MAPPING = FIXTURES / "op_mapping.vllm0.18.0_torch2.9.0_cann8.5.yaml"  # verbatim copy
 
 
 def op(operator, inputs=(), outputs=(), **dims):

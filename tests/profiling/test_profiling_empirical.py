@@ -107,3 +107,24 @@ def test_revision_tracks_the_database(a3, tmp_path):
         f.write('"2,4096;2,4096",DT_BF16;DT_BF16,ND;ND,"2,4096",DT_BF16,ND,2.0\n')
     r2 = EmpiricalPerformanceModel(a3, ProfilingDataSource(tmp_path / "db", a3)).revision
     assert r1 != r2
+
+
+def test_path_specific_debug_statistics(step, a3, pm):
+    by = step.costed.by_lineage()
+    comm = by["L0-35.attn.all_reduce"].resolution.estimate.statistics
+    assert (comm["topology_tier"], comm["num_devices"], comm["shape_match_rule"]) == (2, 2, "comm")
+    att = by["L0-35.attn.core"].resolution.estimate.statistics
+    assert (att["avg_seq_len"], att["num_kv_heads"], att["sparse_mode"]) == (2049, 4, 3)
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.contracts import CostQuery, CostSubject
+    from perfcast.workload.tensors import TensorSpec
+    q = CostQuery(subject=CostSubject.OPERATOR, operation="gemm", hardware=a3.name, dtype="bf16",
+                  flops=2 * 8 * 2048 * 4096, operator="tensor_cast.matmul_all_reduce.default",
+                  inputs=(TensorSpec((8, 2048), "bf16"), TensorSpec((2048, 4096), "bf16")),
+                  outputs=(TensorSpec((8, 4096), "bf16"),), dims=FrozenDict(participants=2))
+    s = pm.estimate(q).statistics
+    import json
+    subs = json.loads(s["sub_kernel_shapes"])
+    assert [x["kernel_type"] for x in subs] == ["MatMulV2", "hcom_allReduce_"]
+    assert subs[0]["kernel_shapes"] == "8,2048;4096,2048" and subs[1]["shape_match_rule"] == "comm"
+    assert json.loads(s["sub_kernel_durations"]) == [["MatMulV2", 19.8], ["hcom_allReduce_", 10.5]]

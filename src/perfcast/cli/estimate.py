@@ -15,7 +15,8 @@ from perfcast.cli.errors import user_errors
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.estimate import EstimateRequest, estimate_step
-from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision
+from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision, load_model_spec
+from perfcast.workload.quant import precision_for_model
 
 PERFORMANCE_MODELS = ("analytic", "profiling")
 # `--performance-model analytic profiling` (list form): the names after the first reach
@@ -44,12 +45,68 @@ def build_batch(num_queries: int, query_length: int, context_length: int, decode
     return Batch.prefill(num_queries, query_length, context_length)
 
 
+def build_plan(tp: int, pp: int, dp: int, ep: int, moe_tp: int, num_devices: int,
+               moe_dispatch: str = "auto", expert_imbalance: float = 1.0) -> ParallelPlan:
+    """TensorCast semantics: `num_devices` = tp x dp x pp; when only `num_devices` is
+    given, dp = num_devices / (tp x pp)."""
+    if num_devices < 0 or dp < 0:
+        raise ConfigError("must not be negative", field="--num-devices/--dp-size",
+                          expected="a positive integer")
+    if not dp:
+        if num_devices:
+            if num_devices % (tp * pp):
+                raise ConfigError(f"--num-devices={num_devices} is not a multiple of "
+                                  f"tp x pp = {tp * pp}", field="--num-devices",
+                                  expected=f"a multiple of {tp * pp}")
+            dp = num_devices // (tp * pp)
+        else:
+            dp = 1
+    if num_devices and num_devices != tp * dp * pp:
+        raise ConfigError(f"--num-devices={num_devices} but tp x dp x pp = {tp} x {dp} x {pp} "
+                          f"= {tp * dp * pp}", field="--num-devices",
+                          expected="the product of the parallel degrees")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp, moe_dispatch=moe_dispatch,
+                        expert_imbalance=expert_imbalance)
+    plan.check_moe_layout()
+    return plan
+
+
 def estimate_command(
     model: Annotated[str, typer.Argument(help="config.json path, a folder holding one, or a "
                                               "built-in HuggingFace id (see `perfcast models`)")],
     device: Annotated[str, typer.Option(help="catalog id (see `perfcast devices`) or a YAML path")] = "h100_sxm",
     tp_size: Annotated[int, typer.Option("--tp-size", help="tensor-parallel degree")] = 1,
     pp_size: Annotated[int, typer.Option("--pp-size", help="pipeline-parallel stages")] = 1,
+    dp_size: Annotated[int, typer.Option("--dp-size", help="attention data-parallel ranks: dp x tp "
+                                                           "devices serve attention; each holds "
+                                                           "1/dp of the requests")] = 0,
+    ep_size: Annotated[int, typer.Option("--ep-size", help="expert-parallel degree of MoE layers")] = 1,
+    moe_tp_size: Annotated[int, typer.Option("--moe-tp-size", help="tensor-parallel degree inside "
+                                                                   "each expert (default: dp x tp / ep)")] = 0,
+    num_devices: Annotated[int, typer.Option("--num-devices", help="total devices; must equal "
+                                                                   "tp x dp x pp (derives dp when "
+                                                                   "--dp-size is not given)")] = 0,
+    moe_dispatch: Annotated[str, typer.Option("--moe-dispatch", help="auto | all_reduce | all_to_all "
+                                                                     "| all_gather")] = "auto",
+    expert_imbalance: Annotated[float, typer.Option("--expert-imbalance", help="routed rows on the "
+                                                    "busiest EP rank / the mean (>= 1)")] = 1.0,
+    quantize_linear_action: Annotated[Optional[str], typer.Option(
+        "--quantize-linear-action", help="DISABLED | W8A16_STATIC | W8A16_DYNAMIC | W8A8_STATIC | "
+        "W8A8_DYNAMIC | W4A8_STATIC | W4A8_DYNAMIC | W4A16 | FP8 | FP8_BLOCK | MXFP4 | NVFP4 "
+        "(default: the checkpoint's quantisation)")] = None,
+    quantize_attention_action: Annotated[Optional[str], typer.Option(
+        "--quantize-attention-action", help="DISABLED | INT8 | FP8 (attention and KV cache)")] = None,
+    kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype",
+                                                          help="bf16 | fp16 | fp8 | int8")] = None,
+    mtp_layers: Annotated[int, typer.Option("--mtp-layers", help="MTP/next-n modules to run "
+                                                                 "(at most what the config declares)")] = 0,
+    mla_form: Annotated[str, typer.Option("--mla-form", help="auto (absorbed for decode, naive "
+                                                             "for prefill) | naive | absorbed")] = "auto",
+    block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens "
+                                                                 "(0: no rounding)")] = 0,
+    reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
+                                                      help="framework reserve per device "
+                                                           "(workspace, graphs), GiB")] = 0.0,
     num_queries: Annotated[int, typer.Option("--num-queries", help="requests in the step")] = 1,
     query_length: Annotated[int, typer.Option("--query-length", help="new tokens per request")] = 1024,
     context_length: Annotated[int, typer.Option("--context-length", help="tokens already cached per request")] = 0,
@@ -79,6 +136,15 @@ def estimate_command(
     export_empirical_metrics: Annotated[Optional[Path], typer.Option(
         "--export-empirical-metrics", help="write M1-M5 coverage metrics and misses "
                                            "(JSON); needs the profiling model")] = None,
+    num_microbatches: Annotated[int, typer.Option("--num-microbatches",
+                                                  help="split the step's requests into this many "
+                                                       "pipeline microbatches")] = 1,
+    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="gpipe | 1f1b")] = "gpipe",
+    overlap: Annotated[str, typer.Option("--overlap", help="none | comm | two-microbatch")] = "comm",
+    full_timeline: Annotated[bool, typer.Option("--full-timeline",
+                                                help="schedule every layer (default: a few "
+                                                     "representative layers per block, "
+                                                     "extrapolated; implied by --chrome-trace)")] = False,
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
@@ -89,10 +155,27 @@ def estimate_command(
                                 export_empirical_metrics)
         batch = build_batch(num_queries, query_length, context_length, decode, decode_queries,
                             decode_context_length)
-        precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value) if dtype else None
-        request = EstimateRequest(model=model, device=device,
-                                  plan=ParallelPlan(tp=tp_size, pp=pp_size), batch=batch,
-                                  precision=precision, logits=logits, roofline_mode=roofline_mode)
+        plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, num_devices,
+                          moe_dispatch, expert_imbalance)
+        spec = load_model_spec(model)
+        quant_flags = (quantize_linear_action, quantize_attention_action, kv_cache_dtype)
+        if dtype and any(quant_flags):
+            raise ConfigError("--dtype sets every dtype at once", field="--dtype",
+                              expected="either --dtype or the quantisation flags, not both")
+        if dtype:
+            precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value)
+        else:
+            precision = precision_for_model(spec, linear_action=quantize_linear_action,
+                                            attention_action=quantize_attention_action,
+                                            kv_cache_dtype=kv_cache_dtype)
+        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch,
+                                  precision=precision, logits=logits, roofline_mode=roofline_mode,
+                                  num_microbatches=num_microbatches, pp_schedule=pp_schedule,
+                                  overlap=overlap,
+                                  full_timeline=full_timeline or chrome_trace is not None,
+                                  mtp_layers=mtp_layers, mla_form=mla_form,
+                                  block_size=block_size,
+                                  reserve_bytes=reserved_memory_gb * 2**30)
         results = {}
         for name in models:
             resolver = None

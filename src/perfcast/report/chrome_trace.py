@@ -1,7 +1,9 @@
-"""Chrome Trace Event JSON (opens in Perfetto and chrome://tracing).
+"""Chrome Trace Event JSON of a plan's Timeline (opens in Perfetto and chrome://tracing).
 
-Without a plan-level schedule, tasks are laid out back to back in dependency order on
-one process per pipeline stage, with one thread per stream (compute, comm)."""
+One process per device (the representative device of each pipeline stage), one thread
+per stream (compute, comm.<tier>, p2p, ...), one complete event ("ph": "X") per task
+instance at its scheduled start and duration, so overlap between streams is visible.
+Times are microseconds, as the format requires."""
 
 from __future__ import annotations
 
@@ -10,46 +12,52 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.estimate import StepResult
-from perfcast.workload.tensors import TaskKind
+from perfcast.plan import ScheduledTask, Timeline
 
 
-def chrome_trace_events(result: StepResult, *, expand_layers: bool = True) -> list[dict[str, Any]]:
+def timeline_trace_events(timeline: Timeline, *, device_label: str = "") -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    stages = sorted({ct.task.stage for ct in result.costed.tasks})
-    for s in stages:
-        events.append({"ph": "M", "name": "process_name", "pid": s, "tid": 0,
-                       "args": {"name": f"stage {s} ({result.system.name})"}})
-        for tid, stream in ((0, "compute"), (1, "comm")):
-            events.append({"ph": "M", "name": "thread_name", "pid": s, "tid": tid,
+    tids: dict[tuple[int, str], int] = {}
+    for lane in timeline.devices:
+        label = f"{lane.name} ({lane.copies} x {device_label})" if device_label else lane.name
+        events.append({"ph": "M", "name": "process_name", "pid": lane.stage, "tid": 0,
+                       "args": {"name": label}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": lane.stage, "tid": 0,
+                       "args": {"sort_index": lane.stage}})
+        for tid, stream in enumerate(lane.streams):
+            tids[(lane.stage, stream)] = tid
+            events.append({"ph": "M", "name": "thread_name", "pid": lane.stage, "tid": tid,
                            "args": {"name": stream}})
-    # Expand repeated layer blocks in order: all tasks of a block for layer l, then l+1.
-    blocks: list[list] = []
-    for ct in result.costed.tasks:
-        key = (ct.task.stage, ct.task.layers)
-        if blocks and blocks[-1][0] == key:
-            blocks[-1][1].append(ct)
-        else:
-            blocks.append([key, [ct]])
-    ts_us = 0.0
-    for (stage, layers), cts in blocks:
-        reps = range(layers[0], layers[1] + 1) if (layers and expand_layers) else [None]
-        for layer in reps:
-            for ct in cts:
-                t = ct.task
-                est = ct.resolution.estimate
-                calls = 1 if layer is not None else t.count
-                dur = est.latency_s * (t.count // max(len(reps), 1) if layer is not None else calls)
-                name = t.lineage if layer is None else f"L{layer}.{t.group}"
-                events.append({
-                    "ph": "X", "name": name, "cat": t.operation, "pid": stage,
-                    "tid": 1 if t.kind is TaskKind.COMMUNICATION else 0,
-                    "ts": round(ts_us, 3), "dur": round(dur * 1e6, 3),
-                    "args": {"operator": t.operator, "method": est.method.value,
-                             "provider": est.provider, "bound": est.bottleneck,
-                             "confidence": est.confidence, "flops": t.work.flops,
-                             "bytes": t.work.bytes_total, **_evidence_args(ct.resolution)}})
-                ts_us += dur * 1e6
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": lane.stage,
+                           "tid": tid, "args": {"sort_index": tid}})
+    multi = timeline.units > 1
+    for st in timeline.tasks:
+        t = st.costed.task
+        args = _instance_args(st)
+        if multi:
+            args["microbatch"] = st.unit
+        events.append({
+            "ph": "X", "name": f"{st.lineage}@mb{st.unit}" if multi else st.lineage,
+            "cat": t.operation, "pid": st.stage, "tid": tids[(st.stage, st.stream)],
+            "ts": st.start_s * 1e6, "dur": (st.end_s - st.start_s) * 1e6, "args": args})
     return events
+
+
+def _instance_args(st: ScheduledTask) -> dict[str, Any]:
+    """What a slice shows when clicked: identity, provenance and the work it stands for."""
+    t = st.costed.task
+    est = st.costed.resolution.estimate
+    return {"lineage": st.lineage, "costed_lineage": t.lineage, "operator": t.operator,
+            "calls": st.calls, "method": est.method.value, "provider": est.provider,
+            "bound": est.bottleneck, "confidence": est.confidence,
+            "uncontended_us": st.uncontended_s * 1e6, "flops": t.work.flops * st.calls,
+            "bytes": t.work.bytes_total * st.calls, **_evidence_args(st.costed.resolution)}
+
+
+def chrome_trace_events(result: StepResult) -> list[dict[str, Any]]:
+    if result.timeline is None:
+        raise ValueError("the step result has no timeline; estimate it with perfcast.estimate")
+    return timeline_trace_events(result.timeline, device_label=result.system.name)
 
 
 def _evidence_args(resolution) -> dict[str, Any]:
@@ -67,9 +75,14 @@ def _evidence_args(resolution) -> dict[str, Any]:
 
 
 def write_chrome_trace(result: StepResult, path: str | Path) -> None:
+    tl = result.timeline
     doc = {"traceEvents": chrome_trace_events(result), "displayTimeUnit": "ns",
            "otherData": {"model": result.graph.model.name, "device": result.system.name,
-                         "task_graph_digest": result.graph.digest}}
+                         "task_graph_digest": result.graph.digest,
+                         "makespan_s": tl.makespan_s, "sum_of_tasks_s": tl.sum_of_tasks_s,
+                         "overlap": tl.options.overlap, "pp_schedule": tl.options.pp_schedule,
+                         "num_microbatches": tl.options.num_microbatches,
+                         "full_timeline": tl.options.full_timeline}}
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(doc), encoding="utf-8")

@@ -36,7 +36,7 @@ def _bound(ct) -> str:
 
 
 def op_rows(result: StepResult) -> list[OpRow]:
-    total = result.latency_s or 1.0
+    total = result.sum_of_tasks_s or 1.0  # share of the plain sum (the makespan may be less)
     rows = []
     for ct in result.costed.tasks:
         t = ct.task
@@ -81,19 +81,32 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
         "task_graph_digest": g.digest,
         "resolver": result.costed.resolver_identity,
         "parallel": {"tp": g.plan.tp, "pp": g.plan.pp, "dp": g.plan.dp, "ep": g.plan.ep,
+                     "moe_tp": g.plan.moe_tp_size, "moe_dispatch": g.plan.moe_dispatch_mode,
                      "num_devices": g.num_devices},
         "batch": {"phase": batch.phase, "tokens": batch.tokens,
                   "segments": [{"num_requests": s.num_requests, "q_tokens": s.q_tokens,
                                 "context_tokens": s.context_tokens} for s in batch.segments]},
         "precision": {"weight": g.precision.weight, "activation": g.precision.activation,
+                      "linear_activation": g.precision.linear_activation
+                      or g.precision.activation,
                       "kv_cache": g.precision.kv_cache},
         "latency_s": result.latency_s,
-        "sum_of_tasks_s": result.costed.sum_of_tasks_s(),
+        "sum_of_tasks_s": result.sum_of_tasks_s,
+        "plan": plan_json(result),
         "tokens_per_s_per_device": result.tokens_per_s_per_device,
         "work": {"flops": g.total_flops(), "bytes": g.total_bytes()},
         "memory_bytes": {"weights": mem.weights, "kv_cache": mem.kv_cache,
-                         "activations": mem.activations, "total": mem.total, "capacity": cap,
+                         "activations": mem.activations, "reserve": mem.reserve,
+                         "total": mem.total, "capacity": cap,
                          "fits": mem.total <= cap},
         "conventions": dict(g.conventions),
         "ops": ops,
     }
+
+
+def plan_json(result: StepResult) -> dict[str, Any] | None:
+    """`plan` section: makespan, plain sum, exposed comm, bubble and critical path.
+
+    `plan.sum_of_tasks_s` sums what was scheduled (every microbatch); the top-level
+    `sum_of_tasks_s` is the whole step's task latencies added up once."""
+    return None if result.timeline is None else result.timeline.summary()

@@ -30,7 +30,8 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
     rows = op_rows(result)
     g = result.graph
     title = (f"{g.model.name} on {result.system.name} x{g.num_devices} "
-             f"(tp={g.plan.tp} pp={g.plan.pp}) - {g.batch.phase}, {g.batch.tokens} tokens")
+             f"(tp={g.plan.tp} pp={g.plan.pp} dp={g.plan.dp} ep={g.plan.ep}) - "
+             f"{g.batch.phase}, {g.batch.tokens} tokens")
     table = Table(title=title, show_lines=False)
     for col, just in (("operator", "left"), ("lineage group", "left"), ("calls", "right"),
                       ("total", "right"), ("avg", "right"), ("bound", "left"),
@@ -55,18 +56,33 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
                           r.provider)
     console.print(table)
     comm = result.costed.comm_s()
-    console.print(f"step latency (sum of tasks, no overlap): [bold]{fmt_time(result.latency_s)}"
-                  f"[/bold]   of which communication {fmt_time(comm)}")
+    tl = result.timeline
+    if tl is not None:
+        o = tl.options
+        console.print(f"step latency (plan makespan): [bold]{fmt_time(tl.makespan_s)}[/bold]   "
+                      f"overlap={o.overlap} pp-schedule={o.pp_schedule} "
+                      f"microbatches={o.num_microbatches}"
+                      f"{' full timeline' if o.full_timeline else ' (representative layers, extrapolated)'}")
+        console.print(f"  plain sum of tasks (no overlap, no pipelining): "
+                      f"{fmt_time(result.sum_of_tasks_s)}   of which communication "
+                      f"{fmt_time(comm)}")
+        console.print(f"  exposed communication (on the critical path): "
+                      f"{fmt_time(tl.exposed_comm_s)}   bubble (mean idle per device): "
+                      f"{fmt_time(tl.bubble_s)} ({tl.bubble_fraction:.1%})")
+    else:
+        console.print(f"step latency (sum of tasks, no overlap): "
+                      f"[bold]{fmt_time(result.latency_s)}[/bold]   of which communication "
+                      f"{fmt_time(comm)}")
     console.print(f"tokens/s per device: [bold]{result.tokens_per_s_per_device:,.1f}[/bold]   "
                   f"work: {g.total_flops() / 1e12:,.2f} TFLOP, {g.total_bytes() / 1e9:,.2f} GB "
                   f"(all devices)")
     mem = g.memory
     cap = result.system.device.memory.capacity_bytes
     mt = Table(title="memory per device (most loaded)")
-    for col in ("weights", "KV cache", "activations", "total", "capacity"):
+    for col in ("weights", "KV cache", "activations", "reserve", "total", "capacity"):
         mt.add_column(col, justify="right")
     mt.add_row(fmt_bytes(mem.weights), fmt_bytes(mem.kv_cache), fmt_bytes(mem.activations),
-               fmt_bytes(mem.total), fmt_bytes(cap))
+               fmt_bytes(mem.reserve), fmt_bytes(mem.total), fmt_bytes(cap))
     console.print(mt)
     if mem.total > cap:
         console.print(f"[bold red]WARNING: does not fit: needs {fmt_bytes(mem.total)} per device, "

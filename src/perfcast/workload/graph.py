@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfcast.core.canonical import Record
@@ -13,20 +14,64 @@ from perfcast.workload.plan_spec import Batch, ParallelPlan
 from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
 
 
+# TensorCast operator of a linear whose weight is stored quantised (data, not code paths).
+QUANT_LINEAR_OPERATORS: dict[str, str] = {
+    "fp8": "tensor_cast.fp8_linear.default",
+    "fp8_block": "tensor_cast.fp8_linear.default",
+    "int8": "tensor_cast.static_quant_linear.default",
+    "int4": "tensor_cast.static_quant_linear_int4.default",
+    "mxfp4": "tensor_cast.mxfp4_linear.default",
+    "nvfp4": "tensor_cast.mxfp4_linear.default",
+    "fp4": "tensor_cast.mxfp4_linear.default",
+}
+
+# Grouped (MoE expert) GEMM operator by expert weight dtype.
+GROUPED_GEMM_OPERATORS: dict[str, str] = {
+    "fp8": "tensor_cast.grouped_matmul_fp8.default",
+    "fp8_block": "tensor_cast.grouped_matmul_fp8.default",
+    "int8": "tensor_cast.grouped_matmul_quant.default",
+    "int4": "tensor_cast.grouped_matmul_quant_int4.default",
+    "mxfp4": "tensor_cast.grouped_matmul_mxfp4.default",
+    "nvfp4": "tensor_cast.grouped_matmul_mxfp4.default",
+    "fp4": "tensor_cast.grouped_matmul_mxfp4.default",
+}
+
+
+# Attention operator when attention math is quantised (int8/fp8 Q, K, V).
+QUANT_ATTENTION_OPERATORS: dict[str, str] = {
+    "tensor_cast.attention.default": "tensor_cast.attention_quant.default",
+    "tensor_cast.multihead_latent_attention.default":
+        "tensor_cast.multihead_latent_attention_quant.default",
+}
+
+
 @dataclass(frozen=True)
 class Precision(Record):
-    """Datatypes of one deployment. `weight` and `activation` are the default for every
-    linear; `linear_overrides` maps a lineage group (e.g. `moe.experts`) to a
-    (weight, activation) pair; `kv_cache` is the cache storage dtype."""
+    """Datatypes of one deployment. `weight` is every linear's default weight dtype and
+    `linear_activation` its input dtype (empty: `activation`, the dtype of all other
+    activations); `linear_overrides` maps a lineage group (e.g. `moe.experts`) to a
+    (weight, activation) pair; `kv_cache` is the cache storage dtype; `attention` the
+    math dtype of attention (Q and O)."""
 
     weight: str = "bf16"
     activation: str = "bf16"
     kv_cache: str = "bf16"
     attention: str = "bf16"
     linear_overrides: FrozenDict[str, tuple[str, str]] = field(default_factory=FrozenDict)
+    linear_activation: str = ""
 
     def linear(self, group: str) -> tuple[str, str]:
-        return self.linear_overrides.get(group, (self.weight, self.activation))
+        """(weight, activation) dtypes of the linear in lineage group `group`. The most
+        specific override wins: `moe.experts.gate_up` falls back to `moe.experts`, then
+        `moe`, then the defaults."""
+        key = group
+        while True:
+            hit = self.linear_overrides.get(key)
+            if hit is not None:
+                return tuple(hit)  # type: ignore[return-value]
+            if "." not in key:
+                return (self.weight, self.linear_activation or self.activation)
+            key = key.rsplit(".", 1)[0]
 
     @staticmethod
     def uniform(dtype: str) -> Precision:
@@ -36,15 +81,66 @@ class Precision(Record):
 
 @dataclass(frozen=True)
 class MemoryFacts(Record):
-    """Bytes resident on the most loaded device for this step (workload facts)."""
+    """Bytes resident on the most loaded device for this step (workload facts).
+
+    * `weights`: parameters after sharding and quantisation (scales included);
+    * `kv_cache`: the cache of this step's requests (MLA-compressed where applicable,
+      sliding-window layers hold at most `window` tokens, optional paged-block rounding);
+    * `activations`: peak live activations of the step (largest op plus the residual);
+    * `reserve`: framework reserve (workspace, CUDA graphs, allocator slack) as declared;
+    * `kv_bytes_per_token`: ((window or 0), bytes) pairs: cache bytes one token of one
+      request adds on this device, summed over the layers with that window;
+    * `dp_ranks`: attention data-parallel ranks; each holds its share of the requests;
+    * `activations_per_token`: `activations` / the step's tokens per device, so that
+      `max_batch_for` can scale the activation peak with the batch;
+    * `state_bytes_per_request`: fixed per-request cache (recurrent-layer state) that
+      families declare with a task attribute of the same name.
+    """
 
     weights: float
     kv_cache: float
     activations: float
+    reserve: float = 0.0
+    kv_bytes_per_token: tuple[tuple[int, float], ...] = ()
+    dp_ranks: int = 1
+    block_size: int = 0
+    activations_per_token: float = 0.0
+    state_bytes_per_request: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.weights + self.kv_cache + self.activations
+        return self.weights + self.kv_cache + self.activations + self.reserve
+
+    def kv_bytes_per_request(self, context_tokens: int) -> float:
+        """Cache bytes one request of `context_tokens` tokens occupies on this device."""
+        total = self.state_bytes_per_request
+        for window, per_token in self.kv_bytes_per_token:
+            tokens = min(context_tokens, window) if window else context_tokens
+            if self.block_size:
+                tokens = -(-tokens // self.block_size) * self.block_size
+            total += tokens * per_token
+        return total
+
+    def max_batch_for(self, context_tokens: int, capacity_bytes: float, *,
+                      query_tokens: int = 1) -> int:
+        """Most concurrent requests of `context_tokens` cached tokens each that fit in
+        `capacity_bytes` per device, over all attention-DP ranks, when each computes
+        `query_tokens` new tokens per step. Weights and reserve stay resident; the
+        activation peak grows by `activations_per_token` per new token (or stays at
+        `activations` when unknown). 0 when even one request does not fit."""
+        if context_tokens < 1:
+            raise ValueError("context_tokens must be positive")
+        free = capacity_bytes - self.weights - self.reserve
+        per_request = self.kv_bytes_per_request(context_tokens)
+        if self.activations_per_token:
+            per_request += self.activations_per_token * query_tokens
+        else:
+            free -= self.activations
+        if free <= 0:
+            return 0
+        if per_request <= 0:
+            raise ValueError("the model holds no KV cache; the batch is not memory-bound")
+        return int(free // per_request) * self.dp_ranks
 
 
 @dataclass(frozen=True)
@@ -70,21 +166,36 @@ class TaskGraph(Record):
         """FLOPs of the whole step summed over every device."""
         return sum(t.work.flops * t.count * t.devices for t in self.tasks)
 
+    def unique_flops(self) -> float:
+        """FLOPs of the whole step with redundant copies counted once: a task that
+        `replicas` devices compute identically (e.g. MLA's replicated down-projections
+        under TP) counts once. Equal to the single-device FLOPs for every layout."""
+        return sum(t.work.flops * t.count * t.devices / int(t.attributes.get("replicas", 1))
+                   for t in self.tasks)
+
     def total_bytes(self) -> float:
         return sum(t.work.bytes_total * t.count * t.devices for t in self.tasks)
 
-    def param_count(self, *, active: bool = False) -> float:
+    def param_count(self, *, active: bool = False, embedding: bool = True) -> float:
         """Parameters of the model, reconstructed from the weights the tasks read.
 
         Each task stores its local weight elements and over how many devices the weight
-        is split (`weight_shards`); replicated copies are counted once.
+        is split (`weight_shards`); replicated copies are counted once. Tasks repeated
+        over layers count once per layer (`layer_count`), not once per call.
         With `active=True`, experts count only as many as a token activates.
+        `embedding=False` leaves out the input-embedding table (publishers differ: Qwen
+        counts it among activated parameters, OpenAI's gpt-oss card does not).
         """
         key = "active_weight_params" if active else "weight_params"
         total = 0.0
         for t in self.tasks:
+            if not embedding and t.operation == "embedding":
+                continue
             local = t.attributes.get(key, t.attributes.get("weight_params", 0))
-            total += float(local) * t.count * int(t.attributes.get("weight_shards", 1))
+            if not local:
+                continue
+            reps = int(t.attributes.get("layer_count", t.count))
+            total += float(local) * reps * int(t.attributes.get("weight_shards", 1))
         return total
 
 
@@ -96,36 +207,55 @@ class GraphBuilder:
     """
 
     def __init__(self, model: ModelSpec, plan: ParallelPlan, batch: Batch,
-                 precision: Precision) -> None:
+                 precision: Precision, options: dict[str, Any] | None = None) -> None:
         self.model = model
         self.plan = plan
         self.batch = batch
+        # what one attention-DP rank (and each of its TP devices) computes
+        self.local_batch = batch.per_dp_rank(plan.dp)
         self.precision = precision
+        self.options: dict[str, Any] = dict(options or {})
         self.tasks: list[Task] = []
         self._lineages: set[str] = set()
         self.conventions: dict[str, str] = {}
 
     # -- lineage -------------------------------------------------------------------
     @staticmethod
-    def layer_prefix(layers: tuple[int, int] | None) -> str:
+    def layer_prefix(layers: tuple[int, ...] | None) -> str:
+        """`L3.` for one layer, `L3-60.` for a contiguous run, `L0-34:2.` for every
+        second layer from 0 to 34 (alternating patterns such as gpt-oss)."""
         if layers is None:
             return ""
-        a, b = layers
-        return f"L{a}." if a == b else f"L{a}-{b}."
+        a, b = layers[0], layers[1]
+        step = layers[2] if len(layers) > 2 else 1
+        if a == b:
+            return f"L{a}."
+        return f"L{a}-{b}." if step == 1 else f"L{a}-{b}:{step}."
+
+    @staticmethod
+    def layer_count(layers: tuple[int, ...] | None) -> int:
+        if not layers:
+            return 1
+        step = layers[2] if len(layers) > 2 else 1
+        return len(range(layers[0], layers[1] + 1, step))
 
     def _add(self, task: Task) -> str:
         if task.lineage in self._lineages:
             raise ValueError(f"duplicate lineage id {task.lineage}")
+        prefix = task.lineage.split(".", 1)[0]
+        if task.layers and ":" in prefix:  # strided run: `layers` spans, `count` repeats
+            task = replace(task, attributes=task.attributes.replace(
+                layer_step=int(prefix.rsplit(":", 1)[1])))
         self._lineages.add(task.lineage)
         self.tasks.append(task)
         return task.lineage
 
     def _common(self, group: str, layers: tuple[int, int] | None, deps: tuple[str, ...],
                 count: int | None, devices: int | None, stage: int) -> dict[str, Any]:
-        reps = (layers[1] - layers[0] + 1) if layers else 1
+        reps = self.layer_count(layers)
         return dict(lineage=self.layer_prefix(layers) + group, group=group, deps=tuple(deps),
                     count=reps * (count or 1), devices=devices or self.plan.devices_per_stage,
-                    stage=stage, layers=layers)
+                    stage=stage, layers=(layers[0], layers[1]) if layers else None)
 
     # -- task helpers ----------------------------------------------------------------
     def gemm(self, group: str, m: int, n: int, k: int, *, layers=None, deps=(),
@@ -133,14 +263,19 @@ class GraphBuilder:
              out_dtype: str | None = None, operator: str = "aten.mm.default",
              weight_shards: int = 1, batch: int = 1, weight_is_activation: bool = False,
              count: int | None = None, devices: int | None = None, stage: int = 0,
-             extra: dict | None = None) -> str:
+             extra: dict | None = None, replicas: int = 1, axes: dict | None = None) -> str:
         """`batch` independent [m,k]x[k,n] products (bmm when batch > 1).
 
         The weight operand is read once per call (shared across `batch` unless
-        `weight_is_activation`, e.g. attention-like batched products)."""
+        `weight_is_activation`, e.g. attention-like batched products). A quantised
+        weight turns the default `aten.mm.default` into TensorCast's quantised linear
+        (`QUANT_LINEAR_OPERATORS`). `replicas`: devices computing the same product
+        redundantly (counted once by `TaskGraph.unique_flops`); `axes` adds lookup axes."""
         w_dt, a_dt = self.precision.linear(group)
         w_dt = weight_dtype or w_dt
         a_dt = act_dtype or a_dt
+        if operator == "aten.mm.default" and not weight_is_activation:
+            operator = QUANT_LINEAR_OPERATORS.get(DType(w_dt).value, operator)
         o_dt = out_dtype or self.precision.activation
         compute = _gemm_compute_dtype(w_dt, a_dt)
         flops = 2.0 * m * n * k * batch
@@ -153,11 +288,16 @@ class GraphBuilder:
             attrs["weight_params"] = w_elems
             attrs["weight_shards"] = weight_shards
             attrs["weight_bytes"] = w_elems * dtype_bytes(w_dt) + _scale_bytes(w_dt, w_elems)
+        if replicas > 1:
+            attrs["replicas"] = replicas
         if extra:
             attrs.update(extra)
+        extra_axes = axes
         axes = {"m": m, "n": n, "k": k}
         if batch > 1:
             axes["batch"] = batch
+        if extra_axes:
+            axes.update(extra_axes)
         shape_a = (batch, m, k) if batch > 1 else (m, k)
         shape_b = (batch, k, n) if batch > 1 else (k, n)
         shape_o = (batch, m, n) if batch > 1 else (m, n)
@@ -174,24 +314,36 @@ class GraphBuilder:
                   v_head_dim: int, num_requests: int, q_tokens: int, context_tokens: int,
                   window: int | None = None, layers=None, deps=(), kv_dtype: str | None = None,
                   operator: str = "tensor_cast.attention.default", count: int | None = None,
-                  devices: int | None = None, stage: int = 0, extra: dict | None = None) -> str:
+                  devices: int | None = None, stage: int = 0, extra: dict | None = None,
+                  operation: str = "attention", axes: dict | None = None,
+                  cache_bytes_per_token: float | None = None) -> str:
         """Scaled-dot-product attention of `num_requests` requests, each with `q_tokens`
         new queries over `context_tokens` cached keys plus the new ones (causal).
 
         FLOPs: 2*heads*(qk_dim + v_dim) per attended (query, key) pair; a query at
         position p attends to min(p + 1, window) keys. Bytes: Q read, K/V of the whole
-        attended context read once per request, O written."""
+        attended context read once per request, O written.
+
+        `cache_bytes_per_token`: KV-cache bytes one token of one request occupies on this
+        device for one layer (default: K and V of the local KV heads); the memory model
+        sums it over layers. MLA's absorbed form reads the compressed latent (kv_heads=1,
+        qk_head_dim = kv_lora_rank + rope, v_head_dim = kv_lora_rank, shared K/V)."""
+        extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
+        if DType(a_dt) in (DType.INT8, DType.FP8):
+            operator = QUANT_ATTENTION_OPERATORS.get(operator, operator)
         pairs = attended_pairs(q_tokens, context_tokens, window) * num_requests
         flops = 2.0 * q_heads * (qk_head_dim + v_head_dim) * pairs
         kv_len = context_tokens + q_tokens
         kv_read_len = min(kv_len, window) if window else kv_len
         if window and q_tokens > 1:
             kv_read_len = min(kv_len, window + q_tokens - 1)
+        kv_width = kv_heads * (qk_head_dim + v_head_dim)
+        if extra and extra.get("shared_kv"):
+            kv_width = kv_heads * qk_head_dim  # MLA latent: V is a slice of K
         read = (num_requests * q_tokens * q_heads * qk_head_dim * dtype_bytes(a_dt)
-                + num_requests * kv_read_len * kv_heads * (qk_head_dim + v_head_dim)
-                * dtype_bytes(kv_dt))
+                + num_requests * kv_read_len * kv_width * dtype_bytes(kv_dt))
         written = num_requests * q_tokens * q_heads * v_head_dim * dtype_bytes(a_dt)
         phase = "decode" if (q_tokens == 1 and context_tokens > 0) else "prefill"
         axes: dict[str, Any] = {"batch": num_requests, "q_tokens": q_tokens, "kv_len": kv_len,
@@ -200,9 +352,15 @@ class GraphBuilder:
                                 "kv_dtype": DType(kv_dt).value}
         if window:
             axes["window"] = window
+        if extra_axes:
+            axes.update(extra_axes)
         attrs = dict(extra or {})
+        if cache_bytes_per_token is None:
+            cache_bytes_per_token = kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes(kv_dt)
+        attrs["kv_cache_bytes_per_token"] = float(cache_bytes_per_token)
+        attrs["cache_window"] = int(window or 0)
         return self._add(Task(
-            operator=operator, operation="attention", kind=TaskKind.COMPUTE,
+            operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=(TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), DType(a_dt).value),
                     TensorSpec((num_requests, kv_len, kv_heads, qk_head_dim), DType(kv_dt).value),
                     TensorSpec((num_requests, kv_len, kv_heads, v_head_dim), DType(kv_dt).value)),
@@ -217,9 +375,11 @@ class GraphBuilder:
                     flops: float, layers=None, deps=(), weight_params: int = 0,
                     weight_shards: int = 1, count: int | None = None,
                     devices: int | None = None, stage: int = 0, extra: dict | None = None,
-                    extra_bytes_read: float = 0.0) -> str:
+                    extra_bytes_read: float = 0.0, replicas: int = 1) -> str:
         """A vector-engine op whose cost is its bytes and a few FLOPs per element."""
         attrs: dict[str, Any] = dict(extra or {})
+        if replicas > 1:
+            attrs["replicas"] = replicas
         if weight_params:
             attrs["weight_params"] = weight_params
             attrs["weight_shards"] = weight_shards
@@ -266,6 +426,63 @@ class GraphBuilder:
             operator=operator, operation="view", kind=TaskKind.VIEW, inputs=(tensor,),
             outputs=(tensor,), work=Work(engine=Engine.NONE, compute_dtype=tensor.dtype),
             **self._common(group, layers, deps, None, None, stage)))
+
+    def moe_experts(self, group: str, *, pairs: float, hidden: int, inter_local: int,
+                    local_experts: int, active_local_experts: float, weight_shards: int,
+                    active_weight_params: float, gated: bool = True, bias: bool = False,
+                    moe_tp: int = 1, layers=None, deps=(), stage: int = 0,
+                    devices: int | None = None, axes: dict | None = None,
+                    extra: dict | None = None) -> str:
+        """The routed-expert FFN of one MoE layer on one device, as one fused task:
+        grouped gate/up GEMM, activation, grouped down GEMM over `pairs` routed
+        (token, expert) rows (fractional: an expected value under the routing model).
+
+        FLOPs: 2*pairs*hidden*up_n + 2*pairs*inter*hidden + 5*pairs*inter (up_n = 2*inter
+        when gated). Bytes: routed rows in, the weights of the `active_local_experts` that
+        receive at least one row (plus their scales), the intermediate tensors written and
+        read back, rows out. Resident weights: all `local_experts`. With `bias`, the
+        gate/up bias is split like its weight and the down bias is held whole by each of
+        the `moe_tp` ranks (counted once in `weight_params`)."""
+        w_dt, a_dt = self.precision.linear(group)
+        o_dt = self.precision.activation
+        up_n = (2 if gated else 1) * inter_local
+        per_expert = hidden * up_n + inter_local * hidden
+        bias_elems = (up_n + hidden) if bias else 0
+        flops = (2.0 * pairs * hidden * up_n + 2.0 * pairs * inter_local * hidden
+                 + (5.0 if gated else 1.0) * pairs * inter_local)
+        w_b, a_b, o_b = dtype_bytes(w_dt), dtype_bytes(a_dt), dtype_bytes(o_dt)
+        active_w = active_local_experts * per_expert
+        read = (pairs * hidden * a_b + active_w * w_b + _scale_bytes(w_dt, active_w)
+                + active_local_experts * bias_elems * o_b + pairs * (up_n + inter_local) * o_b)
+        written = pairs * (up_n + inter_local + hidden) * o_b
+        resident = local_experts * per_expert
+        rows = max(1, math.ceil(pairs))
+        attrs: dict[str, Any] = {
+            "weight_dtype": DType(w_dt).value, "act_dtype": DType(a_dt).value,
+            "weight_params": resident + local_experts * (
+                (up_n + hidden / moe_tp) if bias else 0),
+            "weight_shards": weight_shards, "active_weight_params": active_weight_params,
+            "weight_bytes": resident * w_b + _scale_bytes(w_dt, resident)
+            + local_experts * bias_elems * o_b,
+            "routed_rows": float(pairs), "active_local_experts": float(active_local_experts),
+            "fused": "gate_up+act+down",
+        }
+        attrs.update(extra or {})
+        all_axes: dict[str, Any] = {"m": rows, "n": up_n, "k": hidden}
+        all_axes.update(axes or {})
+        return self._add(Task(
+            operator=GROUPED_GEMM_OPERATORS.get(DType(w_dt).value,
+                                                "tensor_cast.grouped_matmul.default"),
+            operation="moe", kind=TaskKind.COMPUTE,
+            inputs=(TensorSpec((rows, hidden), DType(a_dt).value),
+                    TensorSpec((local_experts, hidden, up_n), DType(w_dt).value),
+                    TensorSpec((local_experts, inter_local, hidden), DType(w_dt).value)),
+            outputs=(TensorSpec((rows, hidden), DType(o_dt).value),),
+            work=Work(flops=flops, engine=Engine.MATRIX,
+                      compute_dtype=_gemm_compute_dtype(w_dt, a_dt), bytes_read=read,
+                      bytes_written=written, axes=FrozenDict(all_axes)),
+            attributes=FrozenDict(attrs),
+            **self._common(group, layers, deps, None, devices, stage)))
 
     def build(self, memory: MemoryFacts) -> TaskGraph:
         return TaskGraph(model=self.model, plan=self.plan, batch=self.batch,

@@ -36,6 +36,8 @@ class ModelSpec(Record):
     sliding_window: int | None = None
     raw: FrozenDict[str, Any] = field(default_factory=FrozenDict)
     source: str = ""
+    # hf_quant_config.json found next to the config (ModelOpt checkpoints), else empty
+    quant_config: FrozenDict[str, Any] = field(default_factory=FrozenDict)
 
     DIGEST_DOMAIN = "perfcast.ModelSpec"
 
@@ -48,9 +50,23 @@ def _catalog_dir() -> Path:
     return Path(str(resources.files("perfcast.workload").joinpath("model_catalog")))
 
 
+QUANT_SUFFIX = ".hf_quant_config.json"
+
+
 def builtin_models() -> list[str]:
     """HuggingFace ids of the shipped configs."""
-    return sorted(p.stem.replace("--", "/", 1) for p in _catalog_dir().glob("*.json"))
+    return sorted(p.stem.replace("--", "/", 1) for p in _catalog_dir().glob("*.json")
+                  if not p.name.endswith(QUANT_SUFFIX))
+
+
+def quant_config_path(config_path: Path) -> Path:
+    """Where an `hf_quant_config.json` for this config would live: `hf_quant_config.json`
+    beside `config.json`, `<org>--<name>_hf_quant_config.json` beside
+    `<org>--<name>_config.json`, `<org>--<name>.hf_quant_config.json` in the catalog."""
+    name = config_path.name
+    if name.endswith("config.json"):
+        return config_path.with_name(name[: -len("config.json")] + "hf_quant_config.json")
+    return config_path.with_name(config_path.stem + QUANT_SUFFIX)
 
 
 def _require(cfg: dict, key: str, source: str, kind: type | tuple = int) -> Any:
@@ -83,7 +99,8 @@ def _text_config(cfg: dict) -> dict:
     return cfg
 
 
-def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>") -> ModelSpec:
+def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>",
+                           quant_config: dict | None = None) -> ModelSpec:
     """Validate a parsed config.json and build a ModelSpec. Errors name file and field."""
     if not isinstance(cfg, dict):
         raise ConfigError("top level is not a JSON object", source=source)
@@ -129,7 +146,7 @@ def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>"
         weight_dtype=weight_dtype.value, hidden_act=str(cfg.get("hidden_act", "silu")),
         attention_bias=bool(cfg.get("attention_bias", False)),
         sliding_window=window if isinstance(window, int) and window > 0 else None,
-        raw=freeze(cfg), source=source)
+        raw=freeze(cfg), source=source, quant_config=freeze(quant_config or {}))
 
 
 def load_model_spec(model: str | Path) -> ModelSpec:
@@ -152,6 +169,14 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"is not valid JSON (line {exc.lineno}: {exc.msg})",
                           source=str(path)) from None
+    quant = None
+    qpath = quant_config_path(path)
+    if qpath.is_file():
+        try:
+            quant = json.loads(qpath.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"is not valid JSON (line {exc.lineno}: {exc.msg})",
+                              source=str(qpath)) from None
     name = text if not Path(text).exists() else (cfg.get("_name_or_path") or path.parent.name
                                                  if path.name == "config.json" else path.stem)
-    return model_spec_from_config(cfg, name=str(name), source=str(path))
+    return model_spec_from_config(cfg, name=str(name), source=str(path), quant_config=quant)

@@ -197,7 +197,8 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
             out = strip_batch_dim(tuple(op.outputs[0].shape))
             cand = self.elementwise_candidate(m.kernel_type, out, query_dtype(op.outputs[0].dtype))
             sim = (out,)
-        elif m.query_mode in ("", "elementwise") and m.kernel_type:
+        elif m.query_mode not in ("attention_special", "moe_fused") and m.kernel_type:
+            # compute path (also elementwise ops without an output, unknown query modes)
             inputs = tc_inputs(op, m.tc_input_count)
             cand = self.compute_candidate(m.kernel_types, inputs, m.tc_input_count)
             sim = shapes_of(inputs)

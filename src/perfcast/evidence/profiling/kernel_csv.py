@@ -9,7 +9,9 @@ slots stay aligned. The latency column is the first present of `LATENCY_COLUMNS`
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,15 +72,6 @@ def parse_list(text: str) -> list[str]:
     return [x.strip() for x in t.split(";")] if t else []
 
 
-def _aligned(shapes: list[Shape | None], dtypes: list[str], formats: list[str]
-             ) -> tuple[tuple[Shape, ...], tuple[str | None, ...], tuple[str, ...]]:
-    keep = [i for i, s in enumerate(shapes) if s is not None]
-    s_out = tuple(shapes[i] for i in keep)  # type: ignore[misc]
-    d_out = tuple(profiling_dtype(dtypes[i]) if i < len(dtypes) else None for i in keep)
-    f_out = tuple((formats[i] if i < len(formats) else "ND") or "ND" for i in keep)
-    return s_out, d_out, f_out
-
-
 @dataclass(frozen=True)
 class KernelRow:
     index: int                                  # 0-based data row number in the CSV
@@ -88,12 +81,16 @@ class KernelRow:
     input_formats: tuple[str, ...]
     output_shapes: tuple[Shape, ...]
     output_dtypes: tuple[str | None, ...]
-    fields: dict[str, str] = field(default_factory=dict, compare=False)
+    values: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    column_index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def text(self, column: str) -> str:
+        i = self.column_index.get(column)
+        return self.values[i].strip() if i is not None and i < len(self.values) else ""
 
     def number(self, column: str) -> float | None:
-        raw = self.fields.get(column, "")
         try:
-            value = float(raw)
+            value = float(self.text(column))
         except ValueError:
             return None
         return value if math.isfinite(value) else None
@@ -115,39 +112,67 @@ class KernelTable:
         return f"{self.kernel_type}.csv#{row.index}"
 
 
+@functools.lru_cache(maxsize=4096)
+def _dtypes(text: str) -> tuple[str, ...]:
+    return tuple(parse_list(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(dtype: str) -> str | None:
+    return profiling_dtype(dtype)
+
+
+def _tensors(shapes_text: str, dtypes_text: str, formats_text: str
+             ) -> tuple[tuple[Shape, ...], tuple[str | None, ...], tuple[str, ...]]:
+    shapes = parse_shapes(shapes_text)
+    dtypes, formats = _dtypes(dtypes_text), _dtypes(formats_text)
+    keep = [i for i, sh in enumerate(shapes) if sh is not None]
+    return (tuple(shapes[i] for i in keep),  # type: ignore[misc]
+            tuple(_canonical(dtypes[i]) if i < len(dtypes) else None for i in keep),
+            tuple((formats[i] if i < len(formats) else "ND") or "ND" for i in keep))
+
+
 def read_kernel_table(kernel_type: str, path: Path) -> KernelTable:
+    """Parse one kernel CSV (cached by path and content digest: an unchanged file is
+    parsed once per process)."""
     raw = path.read_bytes()
-    text = raw.decode("utf-8-sig")
-    reader = csv.DictReader(text.splitlines())
-    columns = tuple(c.strip() for c in (reader.fieldnames or ()))
-    lat_col = next((c for c in LATENCY_COLUMNS if c in columns), "")
+    return _parse(kernel_type, str(path), hashlib.sha256(raw).hexdigest(), raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes) -> KernelTable:
+    path = Path(path_text)
+    reader = csv.reader(io.StringIO(raw.decode("utf-8-sig")))
+    header = next(reader, [])
+    columns = tuple(c.strip() for c in header)
+    index = {c: i for i, c in enumerate(columns)}
+    lat_col = next((c for c in LATENCY_COLUMNS if c in index), "")
     if not lat_col:
         raise InvalidEvidenceError(
             f"{path}: no latency column (expected one of {', '.join(LATENCY_COLUMNS)})")
+    lat_i = index[lat_col]
+    cols = [index.get(c) for c in (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES,
+                                   OUTPUT_DTYPES, OUTPUT_FORMATS)]
     rows = []
     for i, rec in enumerate(reader):
-        rec = {(k or "").strip(): (v or "") for k, v in rec.items()}
         try:
-            latency = float(rec.get(lat_col, ""))
-        except ValueError:
+            latency = float(rec[lat_i])
+        except (ValueError, IndexError):
             continue  # rows without a duration carry no evidence
         if not math.isfinite(latency) or latency < 0:
             continue
+        get = [rec[c] if c is not None and c < len(rec) else "" for c in cols]
         try:
-            ins = _aligned(parse_shapes(rec.get(INPUT_SHAPES, "")),
-                           parse_list(rec.get(INPUT_DTYPES, "")),
-                           parse_list(rec.get(INPUT_FORMATS, "")))
-            outs = _aligned(parse_shapes(rec.get(OUTPUT_SHAPES, "")),
-                            parse_list(rec.get(OUTPUT_DTYPES, "")),
-                            parse_list(rec.get(OUTPUT_FORMATS, "")))
+            ins = _tensors(get[0], get[1], get[2])
+            outs = _tensors(get[3], get[4], get[5])
         except ValueError as exc:
             raise InvalidEvidenceError(f"{path}: row {i + 2}: unreadable shape ({exc})") from None
         rows.append(KernelRow(index=i, latency_us=latency, input_shapes=ins[0],
                               input_dtypes=ins[1], input_formats=ins[2],
-                              output_shapes=outs[0], output_dtypes=outs[1], fields=rec))
+                              output_shapes=outs[0], output_dtypes=outs[1],
+                              values=tuple(rec), column_index=index))
     return KernelTable(kernel_type=kernel_type, path=path, columns=columns,
-                       latency_column=lat_col, rows=tuple(rows),
-                       sha256=hashlib.sha256(raw).hexdigest())
+                       latency_column=lat_col, rows=tuple(rows), sha256=sha)
 
 
 class KernelTables:

@@ -103,8 +103,8 @@ def _schema(m: OperatorMapping, decomposers) -> list[Issue]:
     needs_kernel = not (m.composite or m.zero_cost or m.accepted_miss)
     if needs_kernel and not m.kernel_type:
         err("kernel_type is required (unless composite, zero_cost or accepted_miss)")
-    if m.alternate_kernel_types and m.query_mode in ("elementwise", "moe_fused"):
-        warn(f"alternate_kernel_types are not queried by the {m.query_mode} path")
+    if m.alternate_kernel_types and _path_of(m) in ("elementwise", "moe_fused", "communication"):
+        warn(f"alternate_kernel_types are not queried by the {_path_of(m)} path")
     return out
 
 
@@ -118,8 +118,7 @@ def _runtime_kernels(m: OperatorMapping, decomposers) -> list[tuple[str, str]]:
         return [(k, "communication" if k.startswith(COMM_PREFIX) else "compute")
                 for k in m.sub_kernels]
     path = _path_of(m)
-    kernels = m.kernel_types if path in ("compute", "attention_special", "communication") \
-        else m.kernel_types[:1]
+    kernels = m.kernel_types if path in ("compute", "attention_special") else m.kernel_types[:1]
     return [(k, path) for k in kernels]
 
 

@@ -2,6 +2,7 @@
 
 The family table below is static data: `model_type` -> builder. A model whose type is
 not listed fails with the unsupported type named, never silently built as dense.
+Architecture details that differ within a family live in `traits.ARCH_TRAITS`.
 """
 
 from __future__ import annotations
@@ -9,16 +10,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense
+from perfcast.workload.families import dense, moe
 
-FamilyBuilder = Callable[..., None]
+FamilyBuilder = Callable[..., str]
 
-# model_type -> builder; every dense decoder with GQA + SwiGLU + RoPE shares one builder.
 FAMILIES: dict[str, FamilyBuilder] = {
+    # dense decoders: GQA + SwiGLU + RoPE
     "llama": dense.build,
     "mistral": dense.build,
     "qwen2": dense.build,
     "qwen3": dense.build,
+    # GQA attention + routed experts
+    "mixtral": moe.build,
+    "qwen2_moe": moe.build,
+    "qwen3_moe": moe.build,
+    "gpt_oss": moe.build,
+    "minimax_m2": moe.build,
+    # multi-head latent attention + routed experts
+    "deepseek_v2": moe.build_mla,
+    "deepseek_v3": moe.build_mla,
+    "kimi_k2": moe.build_mla,
 }
 
 

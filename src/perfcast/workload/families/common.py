@@ -17,7 +17,7 @@ def check_divisible(value: int, by: int, what: str, constraint: str) -> int:
 
 def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=None, deps=(),
              residual: bool = True, stage: int = 0, count: int | None = None,
-             weight_shards: int = 1) -> str:
+             weight_shards: int = 1, replicas: int = 1) -> str:
     """RMSNorm (with the residual add fused when `residual`): ~4 FLOPs per element for
     the norm plus 1 for the add; reads input (+ residual) and weight, writes output (+ sum)."""
     act = b.precision.activation
@@ -29,16 +29,46 @@ def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=Non
     return b.elementwise(group, operator, "norm", inputs=inputs, outputs=outputs, flops=flops,
                          layers=layers, deps=deps, weight_params=width,
                          weight_shards=weight_shards, stage=stage, count=count,
-                         extra_bytes_read=width * dtype_bytes(act))
+                         extra_bytes_read=width * dtype_bytes(act), replicas=replicas)
+
+
+def sequence_parallel(b: GraphBuilder) -> bool:
+    """Sequence parallelism: between blocks each TP rank holds 1/tp of the tokens."""
+    return b.plan.sp and b.plan.tp > 1
+
+
+def norm_rows(b: GraphBuilder, tokens: int) -> tuple[int, int]:
+    """(rows, replicas) of a residual-stream op: all tokens on every TP rank (replicated
+    work), or a 1/tp slice of them under sequence parallelism."""
+    tp = b.plan.tp
+    if sequence_parallel(b):
+        return -(-tokens // tp), 1
+    return tokens, tp
 
 
 def tp_all_reduce(b: GraphBuilder, group: str, tokens: int, width: int, tp: int, *, layers=None,
                   deps=(), stage: int = 0) -> str | None:
+    """Sum the TP partial outputs: an all-reduce, or under sequence parallelism a
+    reduce-scatter that leaves each rank its slice of tokens (`*.reduce_scatter`)."""
     if tp <= 1:
         return None
+    message = tokens * width * dtype_bytes(b.precision.activation)
+    if sequence_parallel(b):
+        return b.collective(group.rsplit(".", 1)[0] + ".reduce_scatter", "reduce_scatter",
+                            layers=layers, deps=deps, stage=stage, message_bytes=message,
+                            participants=tp)
     return b.collective(group, "all_reduce", layers=layers, deps=deps, stage=stage,
+                        message_bytes=message, participants=tp)
+
+
+def sp_all_gather(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=None,
+                  deps=(), stage: int = 0) -> str | None:
+    """Under sequence parallelism, gather the token slices before a TP block."""
+    if not sequence_parallel(b):
+        return None
+    return b.collective(group, "all_gather", layers=layers, deps=deps, stage=stage,
                         message_bytes=tokens * width * dtype_bytes(b.precision.activation),
-                        participants=tp)
+                        participants=b.plan.tp)
 
 
 def embedding(b: GraphBuilder, tokens: int, *, stage: int = 0) -> str:
@@ -60,29 +90,44 @@ def embedding(b: GraphBuilder, tokens: int, *, stage: int = 0) -> str:
 def lm_head(b: GraphBuilder, tokens: int, logits_tokens: int, *, deps=(), stage: int = 0) -> str:
     """Final norm over every token, then the vocab-parallel LM head GEMM for the
     positions that need logits, then an all-gather of the logits across TP ranks."""
+    return lm_head_logits(b, "final.", tokens, logits_tokens, deps=deps, stage=stage,
+                          shared=b.model.tie_word_embeddings)
+
+
+def lm_head_logits(b: GraphBuilder, prefix: str, tokens: int, logits_tokens: int, *, deps=(),
+                   stage: int = 0, shared: bool = True) -> str:
+    """Norm + vocab-parallel head + logits all-gather. `shared`: the head weight is
+    counted elsewhere (tied embedding, or an MTP module sharing the main LM head)."""
     m = b.model
     tp = b.plan.tp
-    norm = rms_norm(b, "final.norm", tokens, m.hidden_size, deps=deps, residual=True, stage=stage)
+    rows, replicas = norm_rows(b, tokens)
+    norm = rms_norm(b, prefix + "norm", rows, m.hidden_size, deps=deps, residual=True,
+                    stage=stage, replicas=replicas)
+    norm = sp_all_gather(b, prefix + "sp_all_gather", logits_tokens, m.hidden_size,
+                         deps=(norm,), stage=stage) or norm
     local_vocab = -(-m.vocab_size // tp)
-    tied = m.tie_word_embeddings
-    head = b.gemm("final.lm_head", logits_tokens, local_vocab, m.hidden_size, deps=(norm,),
-                  weight_shards=1 if tied else tp, stage=stage,
-                  extra={"tied_to_embedding": tied})
-    if tied:
-        # the weight is the embedding matrix, already counted once
-        b.tasks[-1] = _drop_weight_params(b.tasks[-1])
+    head = b.gemm(prefix + "lm_head", logits_tokens, local_vocab, m.hidden_size, deps=(norm,),
+                  weight_shards=1 if shared else tp, stage=stage,
+                  extra={"tied_to_embedding": shared})
+    if shared:
+        b.tasks[-1] = _drop_weight_params(b.tasks[-1], keep_tied_bytes=prefix == "final.")
     if tp > 1:
-        return b.collective("final.logits_all_gather", "all_gather", deps=(head,), stage=stage,
-                            message_bytes=logits_tokens * local_vocab * tp
+        return b.collective(prefix + "logits_all_gather", "all_gather", deps=(head,),
+                            stage=stage, message_bytes=logits_tokens * local_vocab * tp
                             * dtype_bytes(b.precision.activation), participants=tp)
     return head
 
 
-def _drop_weight_params(task):
+def _drop_weight_params(task, *, keep_tied_bytes: bool):
+    """The head weight is counted elsewhere. A tied final head keeps its bytes under
+    `tied_weight_bytes`: with PP > 1 the last stage holds its own copy."""
     from dataclasses import replace
 
     from perfcast.core.frozen import FrozenDict
 
     attrs = dict(task.attributes)
+    if keep_tied_bytes:
+        attrs["tied_weight_bytes"] = attrs.get("weight_bytes", 0.0)
     attrs["weight_params"] = 0
+    attrs["weight_bytes"] = 0.0
     return replace(task, attributes=FrozenDict(attrs))

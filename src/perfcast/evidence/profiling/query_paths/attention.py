@@ -96,7 +96,7 @@ def attention_row(table, row, p: AttentionParams,
     if table.has("Runtime num_key_value_heads") and p.num_kv_heads is not None \
             and row.number("Runtime num_key_value_heads") != p.num_kv_heads:
         return None
-    layout = row.fields.get("Runtime input_layout", "").strip()
+    layout = row.text("Runtime input_layout")
     if layout and p.input_layout is not None and layout != p.input_layout:
         return None
     gap = abs(p.avg_seq_len - csv_avg)

@@ -83,21 +83,17 @@ def lookup_communication(ctx: LookupContext, op: OpInvokeInfo, mapping: Operator
         return LookupMiss("invalid_args", "communication op without participants")
     message_bytes = hccl_message_bytes(op)
     tier = ctx.topology_tier(num_devices, str(op.dim("tier", "") or ""))
-    last: LookupMiss | None = None
-    for kt in mapping.kernel_types:
-        found = query_comm_csv(ctx, kt, message_bytes, num_devices, tier)
-        if isinstance(found, LookupMiss):
-            if last is None or last.reason == "csv_not_found":
-                last = found
-            continue
-        latency, interpolated, ids = found
-        return QueryResult(
-            latency_us=latency, confidence=0.8 if interpolated else 0.9,
-            source=QuerySource.INTERPOLATED if interpolated else QuerySource.MEASURED,
-            details={"kernel_type": kt, "topology_tier": tier, "message_bytes": message_bytes,
-                     "num_devices": num_devices, "record_ids": ids,
-                     "interpolation": "alpha_beta" if interpolated else ""},
-            shape_match_info=ShapeMatchInfo(((message_bytes,),), ((message_bytes,),), "comm"))
-    assert last is not None
-    return LookupMiss(last.reason, last.detail,
-                      ShapeMatchInfo(((message_bytes,),), (), last.reason))
+    # alternates are a compute / attention-special feature: only kernel_type is queried
+    kt = mapping.kernel_type
+    found = query_comm_csv(ctx, kt, message_bytes, num_devices, tier)
+    if isinstance(found, LookupMiss):
+        return LookupMiss(found.reason, found.detail,
+                          ShapeMatchInfo(((message_bytes,),), (), found.reason))
+    latency, interpolated, ids = found
+    return QueryResult(
+        latency_us=latency, confidence=0.8 if interpolated else 0.9,
+        source=QuerySource.INTERPOLATED if interpolated else QuerySource.MEASURED,
+        details={"kernel_type": kt, "topology_tier": tier, "message_bytes": message_bytes,
+                 "num_devices": num_devices, "record_ids": ids,
+                 "interpolation": "alpha_beta" if interpolated else ""},
+        shape_match_info=ShapeMatchInfo(((message_bytes,),), ((message_bytes,),), "comm"))

@@ -1,0 +1,91 @@
+"""Generic pre-norm decoder: runs of identical layers, each attention + FFN.
+
+A family supplies two callables: `attention(b, layers, deps, stage, kind)` and
+`ffn(b, layers, deps, stage, kind)`. Layers of one kind with a constant stride are built
+once and repeated (`count`), so the cost of building and resolving is independent of depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from perfcast.core.errors import ConfigError, UnsupportedModelError
+from perfcast.workload.families.common import norm_rows, rms_norm, sp_all_gather
+from perfcast.workload.families.traits import LayerKind, layer_runs
+from perfcast.workload.graph import GraphBuilder
+
+SUPPORTED_ACTS = {"silu", "swiglu"}
+
+BlockFn = Callable[[GraphBuilder, tuple[int, ...], tuple[str, ...], int, LayerKind], str]
+
+
+def check_activation(b: GraphBuilder) -> None:
+    m = b.model
+    if m.hidden_act not in SUPPORTED_ACTS:
+        raise UnsupportedModelError(f"activation {m.hidden_act!r} is not modelled",
+                                    source=m.source, field="hidden_act",
+                                    expected=" or ".join(sorted(SUPPORTED_ACTS)))
+
+
+def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int,
+                  kind: LayerKind, attention: BlockFn, ffn: BlockFn) -> str:
+    h = b.model.hidden_size
+    tokens = b.local_batch.tokens
+    # the residual stream is replicated on the TP ranks of a DP rank, or split by tokens
+    # under sequence parallelism (gathered before each block)
+    rows, replicas = norm_rows(b, tokens)
+    norm1 = rms_norm(b, "attn.input_norm", rows, h, layers=layers, deps=deps, stage=stage,
+                     replicas=replicas)
+    norm1 = sp_all_gather(b, "attn.sp_all_gather", tokens, h, layers=layers, deps=(norm1,),
+                          stage=stage) or norm1
+    attn = attention(b, layers, (norm1,), stage, kind)
+    norm2 = rms_norm(b, "mlp.post_attn_norm", rows, h, layers=layers, deps=(attn,),
+                     stage=stage, replicas=replicas)
+    norm2 = sp_all_gather(b, "mlp.sp_all_gather", tokens, h, layers=layers, deps=(norm2,),
+                          stage=stage) or norm2
+    return ffn(b, layers, (norm2,), stage, kind)
+
+
+def build_layers(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...],
+                 stage: int, kinds: list[LayerKind], attention: BlockFn, ffn: BlockFn) -> str:
+    """Emit layers first..last as runs of one kind; return the last lineage."""
+    check_activation(b)
+    last = entry_deps
+    for kind, run in layer_runs(kinds, layers[0], layers[1]):
+        last = (decoder_layer(b, run, last, stage, kind, attention, ffn),)
+    return last[0]
+
+
+def mtp_modules(b: GraphBuilder, deps: tuple[str, ...], stage: int, kind: LayerKind,
+                attention: BlockFn, ffn: BlockFn, declared: int, field: str) -> str:
+    """Multi-token-prediction (next-n) modules appended after the last layer, each run
+    once per step over the step's tokens: embedding of the shifted tokens (shared table),
+    two norms, `eh_proj` (2h -> h), one decoder layer, the final norm and the shared LM
+    head. Only as many as the config declares (`field`)."""
+    from perfcast.workload.families.common import lm_head_logits
+
+    n = int(b.options.get("mtp_layers", 0))
+    if n > declared:
+        raise ConfigError(f"mtp_layers={n} exceeds the {declared} MTP modules the config "
+                          f"declares", source=b.model.source, field=field or "mtp_layers",
+                          expected=f"at most {declared}")
+    m = b.model
+    tokens = b.local_batch.tokens
+    last = deps
+    for i in range(n):
+        layer = m.num_layers + i
+        pre = f"mtp{i}."
+        rows, replicas = norm_rows(b, tokens)
+        en = rms_norm(b, pre + "enorm", rows, m.hidden_size, deps=last, residual=False,
+                      stage=stage, replicas=replicas)
+        hn = rms_norm(b, pre + "hnorm", rows, m.hidden_size, deps=last, residual=False,
+                      stage=stage, replicas=replicas)
+        cat = sp_all_gather(b, pre + "sp_all_gather", tokens, 2 * m.hidden_size,
+                            deps=(en, hn), stage=stage)
+        eh = b.gemm(pre + "eh_proj", tokens, m.hidden_size, 2 * m.hidden_size,
+                    deps=(cat,) if cat else (en, hn), stage=stage, weight_shards=1,
+                    replicas=b.plan.tp)
+        out = decoder_layer(b, (layer, layer), (eh,), stage, kind, attention, ffn)
+        last = (lm_head_logits(b, pre, tokens, b.local_batch.num_requests, deps=(out,),
+                               stage=stage),)
+    return last[0]
