@@ -71,6 +71,48 @@ def build_plan(tp: int, pp: int, dp: int, ep: int, moe_tp: int, num_devices: int
     return plan
 
 
+def evidence_context(runtime: str, runtime_version: str, implementation: list[str],
+                     op_dims: list[str]):
+    """CostQueryContext from the evidence flags: `--implementation KERNEL` applies to every
+    operation, `--implementation OP=KERNEL` to one; `--op-dim OP:NAME=VALUE` adds a selector."""
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.contracts import CostQueryContext
+    from perfcast.evidence.query_spec import parse_dim
+
+    default, per_op = "", {}
+    for item in implementation:
+        if "=" in item:
+            op, kernel = item.split("=", 1)
+            per_op[op.strip()] = kernel.strip()
+        else:
+            default = item.strip()
+    dims: dict[str, dict] = {}
+    for item in op_dims:
+        if ":" not in item:
+            raise ConfigError(f"bad --op-dim {item!r}", field="--op-dim",
+                              expected="OP:NAME=VALUE")
+        op, rest = item.split(":", 1)
+        key, value = parse_dim(rest)
+        dims.setdefault(op.strip(), {})[key] = value
+    return CostQueryContext(runtime=runtime, runtime_revision=runtime_version,
+                            implementation=default, implementations=FrozenDict(per_op),
+                            operation_dimensions=FrozenDict(
+                                {op: FrozenDict(d) for op, d in dims.items()}))
+
+
+def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: str,
+                      store: Optional[Path]):
+    from perfcast.estimate import make_resolver
+    from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.store import EvidenceStore, open_evidence
+    from perfcast.hardware import load_system
+
+    system = load_system(device)
+    dbs = [open_evidence(r, hardware=system.name, store=EvidenceStore(store)) for r in refs]
+    return make_resolver(system, evidence=evidence_providers(dbs, system, policy),
+                         roofline_mode=roofline_mode)
+
+
 def estimate_command(
     model: Annotated[str, typer.Argument(help="config.json path, a folder holding one, or a "
                                               "built-in HuggingFace id (see `perfcast models`)")],
@@ -145,6 +187,20 @@ def estimate_command(
                                                 help="schedule every layer (default: a few "
                                                      "representative layers per block, "
                                                      "extrapolated; implied by --chrome-trace)")] = False,
+    evidence: Annotated[Optional[list[str]], typer.Option(
+        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
+                           "(repeat; earlier ones are asked first)")] = None,
+    runtime: Annotated[str, typer.Option(help="runtime of the evidence to use: vllm | sglang | "
+                                              "trtllm ...")] = "",
+    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
+    implementation: Annotated[Optional[list[str]], typer.Option(
+        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
+    op_dim: Annotated[Optional[list[str]], typer.Option(
+        "--op-dim", help="OP:NAME=VALUE extra selector for one operation, e.g. "
+                         "all_reduce:backend=vllm_graph (repeat)")] = None,
+    evidence_policy: Annotated[str, typer.Option(
+        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
+    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
@@ -168,7 +224,8 @@ def estimate_command(
             precision = precision_for_model(spec, linear_action=quantize_linear_action,
                                             attention_action=quantize_attention_action,
                                             kv_cache_dtype=kv_cache_dtype)
-        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch,
+        context = evidence_context(runtime, runtime_version, implementation or [], op_dim or [])
+        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch, context=context,
                                   precision=precision, logits=logits, roofline_mode=roofline_mode,
                                   num_microbatches=num_microbatches, pp_schedule=pp_schedule,
                                   overlap=overlap,
@@ -181,6 +238,9 @@ def estimate_command(
             resolver = None
             if name == "profiling":
                 resolver = profiling_resolver(request, profiling_database, interpolate)
+            elif evidence:  # measured evidence first, then the analytic providers
+                resolver = evidence_resolver(device, evidence, evidence_policy, roofline_mode,
+                                             store)
             results[name] = estimate_step(request, resolver)
         metrics = None
         if "profiling" in results:

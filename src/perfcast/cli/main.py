@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from perfcast.cli import catalog, collect, estimate, profiling
+from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
@@ -12,6 +13,7 @@ app.command("estimate", context_settings=estimate.CONTEXT_SETTINGS)(estimate.est
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
 app.add_typer(profiling.app, name="profiling")
+app.add_typer(evidence_cli.app, name="evidence")
 app.add_typer(collect.app, name="collect")
 
 
