@@ -76,3 +76,24 @@ def test_gloo_two_processes_on_loopback(tmp_path, lookup_comm):
     assert recs[("all_gather", 2 * 65536)].latency_s == pytest.approx(
         float(gathered["Duration(us)"]) * 1e-6)
     assert {op for op, _ in recs} == {"all_reduce", "all_gather", "send_recv"}
+    # ... and through the generic tabular importer with a declared mapping
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.contracts import CostSubject, EstimateMethod
+    from perfcast.evidence.importers.tabular import (
+        LatencyUnit,
+        SimulatorPerformanceImporter,
+        TabularImportSpec,
+    )
+
+    spec = TabularImportSpec(
+        name="hcom", subject=CostSubject.COMMUNICATION, source="perfcast collect comm",
+        source_revision="test", method=EstimateMethod.MEASURED, latency_column="Duration(us)",
+        latency_unit=LatencyUnit.MICROSECONDS, operation="all_reduce", hardware="local_cpu",
+        datatype_column="dtype",
+        selector_columns=FrozenDict({"message_bytes": "message_bytes",
+                                     "participants": "num_devices"}),
+        selector_types=FrozenDict({"message_bytes": "int", "participants": "int"}))
+    tab = SimulatorPerformanceImporter.from_file(tmp_path / "hcom_allReduce_.csv", spec)
+    assert sorted((r.selector["message_bytes"], r.latency_s) for r in tab.records()) == sorted(
+        (r.selector["message_bytes"], r.latency_s) for r in db.records()
+        if r.operation == "all_reduce")

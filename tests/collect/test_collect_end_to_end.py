@@ -1,6 +1,6 @@
 """torch.profiler on a tiny CPU model -> collect parse -> collect grid (tiny config) ->
-collect replay on CPU -> import as evidence -> the model's GEMM and attention tasks find
-measured rows for exactly the replayed shapes."""
+collect replay on CPU -> collect import -> `perfcast estimate --evidence`: the model's GEMM
+and attention tasks are answered (method measured) by exactly the replayed rows."""
 
 import json
 from pathlib import Path
@@ -57,13 +57,7 @@ def profile_tiny_block(path):
 
 def test_profile_parse_grid_replay_import(tmp_path):
     pytest.importorskip("torch")
-    from perfcast.collect.evidence import collected_database
     from perfcast.collect.tables import read_table
-    from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
-    from perfcast.evidence.contracts import CostQueryContext
-    from perfcast.evidence.provider_db import PerformanceDatabaseProvider
-    from perfcast.hardware import load_system
-    from perfcast.workload import Batch, Precision
 
     trace, db, cfg = tmp_path / "trace.json", tmp_path / "db", tmp_path / "tiny" / "config.json"
     cfg.parent.mkdir()
@@ -83,30 +77,30 @@ def test_profile_parse_grid_replay_import(tmp_path):
                "--repeat-count", "3", "--warmup", "1")
     assert ", 0 failed," in out
 
-    database = collected_database(db, hardware="local_cpu", runtime="torch",
-                                  kernel_types=KERNEL_TYPES)
-    system = load_system(str(Path(__file__).parent / "fixtures" / "local_cpu.yaml"))
-    resolver = make_resolver(system, [PerformanceDatabaseProvider(database)])
-    result = estimate_step(EstimateRequest(model=str(cfg), device=system,
-                                           batch=Batch.prefill(1, 32),  # shapes only the grid has
-                                           precision=Precision.uniform("fp32"),
-                                           context=CostQueryContext(runtime="torch")), resolver)
-    replayed = {(r["Input Shapes"], r["Average Duration(us)"])
-                for name in ("aten__linear.csv", "aten__scaled_dot_product_attention.csv")
-                for r in read_table(db / name).rows if r.get("MicroBench Count")}
-    measured = 0
-    for ct in result.costed.tasks:
-        est = ct.resolution.estimate
-        if ct.task.operation not in ("gemm", "attention"):
-            assert est.method.value == "analytical"
-            continue
-        measured += 1
-        assert (est.method.value, est.provider) == ("measured", "database"), ct.task.lineage
-        # the estimate is the replayed row's microbenchmark mean, in seconds
-        (rid,) = est.raw_record_ids
+    snapshot = tmp_path / "evidence"
+    out = _cli("collect", "import", "--database-path", str(db), "--output", str(snapshot),
+               "--hardware", "local_cpu", "--runtime", "torch",
+               "--kernel-types", ",".join(KERNEL_TYPES))
+    assert "saved to" in out
+    device = Path(__file__).parent / "fixtures" / "local_cpu.yaml"
+    out = _cli("estimate", str(cfg), "--device", str(device), "--dtype", "fp32",
+               "--num-queries", "1", "--query-length", "32",     # shapes only the grid has
+               "--evidence", str(snapshot), "--runtime", "torch", "--evidence-policy", "exact",
+               "--store", str(tmp_path / "store"), "--format", "json")
+    ops = json.loads(out)["ops"]
+    replayed = {(name, i + 2) for name in ("aten__linear.csv",
+                                           "aten__scaled_dot_product_attention.csv")
+                for i, r in enumerate(read_table(db / name).rows) if r.get("MicroBench Count")}
+    measured = [op for op in ops if op["method"] == "measured"]
+    # qkv, attention, o, gate_up, down, lm_head; norms, rope, ... stay analytic
+    assert sorted(op["group"] for op in measured) == sorted([
+        "attn.qkv_proj", "attn.core", "attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj",
+        "final.lm_head"])
+    assert all(op["method"] == "analytical" for op in ops if op not in measured)
+    for op in measured:
+        (rid,) = op["raw_record_ids"]
         file, row = rid.split("#row")
+        assert (file, int(row)) in replayed                      # a row the replay measured
         r = read_table(db / file).rows[int(row) - 2]
         assert r["MicroBench Backend"] == "cpu"
-        assert est.latency_s == pytest.approx(float(r["Average Duration(us)"]) * 1e-6)
-        assert (r["Input Shapes"], r["Average Duration(us)"]) in replayed
-    assert measured == 6  # qkv, attention, o, gate_up, down, lm_head
+        assert op["avg_latency_s"] == pytest.approx(float(r["Average Duration(us)"]) * 1e-6)
