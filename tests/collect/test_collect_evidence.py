@@ -100,3 +100,21 @@ def test_parsed_kernel_tables_answer_the_profiling_compute_path(fixtures, tmp_pa
                                                      TensorSpec((5120, 1280), "bf16")),
                                  dims=FrozenDict(m=128, n=1280, k=5120)))
     assert hit.source.value == "MEASURED" and hit.latency_us == pytest.approx(20.7)
+
+
+def test_import_command_adds_to_the_evidence_store(fixtures, tmp_path):
+    from typer.testing import CliRunner
+
+    from perfcast.cli.main import app
+    from perfcast.evidence.store import EvidenceStore
+
+    parse_profiling(fixtures / "ascend_prof", tmp_path / "db")
+    args = ["collect", "import", "--database-path", str(tmp_path / "db"), "--hardware",
+            "atlas_800_a3_752t_128g_die"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "--output/--to-store" in res.output
+    res = CliRunner().invoke(app, args + ["--to-store", "--store", str(tmp_path / "store")])
+    assert res.exit_code == 0, res.output
+    (digest,) = EvidenceStore(tmp_path / "store").digests()
+    assert digest in res.output
+    assert len(EvidenceStore(tmp_path / "store").get(digest[:16])) == 2

@@ -201,7 +201,6 @@ def comm_command(
 @app.command("import")
 def import_command(
     database_path: Annotated[Path, typer.Option("--database-path", help="collected database folder")],
-    output: Annotated[Path, typer.Option("--output", help="folder for the evidence snapshot")],
     hardware: Annotated[str, typer.Option("--hardware", help="system name the rows were "
                                                              "measured on (catalog id or YAML name)")],
     runtime: Annotated[str, typer.Option("--runtime", help="runtime selector, e.g. torch, vllm")] = "",
@@ -213,15 +212,31 @@ def import_command(
     comm_dtype: Annotated[str, typer.Option("--comm-dtype", help="dtype of hcom rows "
                                                                  "without a dtype column")] = "bf16",
     fmt: Annotated[str, typer.Option("--format", help="parquet | json")] = "parquet",
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", help="folder to save the snapshot in")] = None,
+    to_store: Annotated[bool, typer.Option(
+        "--to-store", help="also add the snapshot to the evidence store")] = False,
+    store: Annotated[Optional[Path], typer.Option(
+        "--store", help="evidence store folder (default: the user data dir)")] = None,
 ) -> None:
-    """Turn a collected database into an immutable evidence snapshot (PerformanceDatabase)."""
+    """Turn a collected database into an immutable evidence snapshot (PerformanceDatabase):
+    a saved folder (--output) and/or an entry of the evidence store (--to-store)."""
     from perfcast.collect.evidence import DEFAULT_OPERATIONS, collected_database, save_database_atomic
 
     with user_errors():
+        if output is None and not to_store:
+            raise ConfigError("says where the snapshot goes", field="--output/--to-store",
+                              expected="--output DIR, --to-store, or both")
         db = collected_database(database_path, hardware=hardware, runtime=runtime,
                                 runtime_revision=runtime_version,
                                 kernel_types=_split(kernel_types),
                                 operations=tuple(_split(operations)) or DEFAULT_OPERATIONS,
                                 comm_dtype=comm_dtype)
-        save_database_atomic(db, output, fmt=fmt)
-        typer.echo(f"{len(db)} records, digest {db.digest}, saved to {output}")
+        if output is not None:
+            save_database_atomic(db, output, fmt=fmt)
+            typer.echo(f"{len(db)} records, digest {db.digest}, saved to {output}")
+        if to_store:
+            from perfcast.evidence.store import EvidenceStore
+
+            digest = EvidenceStore(store).put(db, note=f"perfcast collect import {database_path}")
+            typer.echo(f"{len(db)} records in the evidence store as {digest}")
