@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, estimate, profiling
+from perfcast.cli import catalog, collect, estimate, profiling
 from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -14,6 +14,7 @@ app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
 app.add_typer(profiling.app, name="profiling")
 app.add_typer(evidence_cli.app, name="evidence")
+app.add_typer(collect.app, name="collect")
 
 
 def main() -> None:  # pragma: no cover
