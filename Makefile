@@ -10,7 +10,7 @@ $(BIN)/activate:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,torch]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -22,6 +22,11 @@ CASES = [
     ("deepseek-ai/DeepSeek-V3", "TP8 + EP8", ParallelPlan(tp=8, ep=8)),
     ("Qwen/Qwen3-235B-A22B", "EP8 + attention-DP8", ParallelPlan(dp=8, ep=8)),
     ("openai/gpt-oss-120b", "TP8", ParallelPlan(tp=8)),
+    # frontier families (issue 9)
+    ("Qwen/Qwen3.5-397B-A17B", "EP8 + attention-DP8", ParallelPlan(dp=8, ep=8)),
+    ("deepseek-ai/DeepSeek-V3.2", "EP8 + attention-DP8", ParallelPlan(dp=8, ep=8)),
+    ("zai-org/GLM-5", "TP8", ParallelPlan(tp=8)),
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", "TP8 + EP8", ParallelPlan(tp=8, ep=8)),
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_record
+from evidence_helpers import make_record
 
 from perfcast.core.errors import ConfigError, InvalidEvidenceError
 from perfcast.evidence.database import PerformanceDatabase

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import gemm_query, make_record
+from evidence_helpers import gemm_query, make_record
 
 from perfcast.core.errors import AmbiguousEvidenceError
 from perfcast.core.frozen import FrozenDict

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import gemm_query, make_record
+from evidence_helpers import gemm_query, make_record
 
 from perfcast.core.errors import AmbiguousEvidenceError
 from perfcast.evidence.contracts import EstimateMethod, MatchKind, Miss

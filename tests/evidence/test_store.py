@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_record
+from evidence_helpers import make_record
 
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.database import PerformanceDatabase

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import gemm_query
+from evidence_helpers import gemm_query
 
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict

@@ -38,7 +38,7 @@ def test_qwen_moe_layout_fields():
     assert {"L0-1.mlp.gate_up_proj", "L2-47.moe.experts"} <= {t.lineage for t in g.tasks}
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "deepseek_v32", "bert"])
+@pytest.mark.parametrize("model_type", ["nemotron_h", "deepseek_v4", "bert"])
 def test_unsupported_model_type_is_named(model_type):
     m = replace(load_model_spec("Qwen/Qwen3-8B"), model_type=model_type)
     with pytest.raises(UnsupportedModelError, match=f"model_type '{model_type}'"):

@@ -166,20 +166,6 @@ def estimate_command(
     dump_input_shapes: Annotated[bool, typer.Option("--dump-input-shapes",
                                                     help="group the table by operator and input shape")] = False,
     attempts: Annotated[bool, typer.Option("--attempts", help="include resolver attempts in JSON")] = False,
-    evidence: Annotated[Optional[list[str]], typer.Option(
-        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
-                           "(repeat; earlier ones are asked first)")] = None,
-    runtime: Annotated[str, typer.Option(help="runtime of the evidence to use: vllm | sglang | "
-                                              "trtllm ...")] = "",
-    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
-    implementation: Annotated[Optional[list[str]], typer.Option(
-        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
-    op_dim: Annotated[Optional[list[str]], typer.Option(
-        "--op-dim", help="OP:NAME=VALUE extra selector for one operation, e.g. "
-                         "all_reduce:backend=vllm_graph (repeat)")] = None,
-    evidence_policy: Annotated[str, typer.Option(
-        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
-    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
     performance_model: Annotated[Optional[list[str]], typer.Option(
         "--performance-model", help="analytic | profiling, or both: "
                                     "--performance-model analytic profiling")] = None,
@@ -201,6 +187,20 @@ def estimate_command(
                                                 help="schedule every layer (default: a few "
                                                      "representative layers per block, "
                                                      "extrapolated; implied by --chrome-trace)")] = False,
+    evidence: Annotated[Optional[list[str]], typer.Option(
+        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
+                           "(repeat; earlier ones are asked first)")] = None,
+    runtime: Annotated[str, typer.Option(help="runtime of the evidence to use: vllm | sglang | "
+                                              "trtllm ...")] = "",
+    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
+    implementation: Annotated[Optional[list[str]], typer.Option(
+        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
+    op_dim: Annotated[Optional[list[str]], typer.Option(
+        "--op-dim", help="OP:NAME=VALUE extra selector for one operation, e.g. "
+                         "all_reduce:backend=vllm_graph (repeat)")] = None,
+    evidence_policy: Annotated[str, typer.Option(
+        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
+    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
@@ -225,20 +225,20 @@ def estimate_command(
                                             attention_action=quantize_attention_action,
                                             kv_cache_dtype=kv_cache_dtype)
         context = evidence_context(runtime, runtime_version, implementation or [], op_dim or [])
-        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch,
+        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch, context=context,
                                   precision=precision, logits=logits, roofline_mode=roofline_mode,
                                   num_microbatches=num_microbatches, pp_schedule=pp_schedule,
                                   overlap=overlap,
                                   full_timeline=full_timeline or chrome_trace is not None,
                                   mtp_layers=mtp_layers, mla_form=mla_form,
-                                  block_size=block_size, context=context,
+                                  block_size=block_size,
                                   reserve_bytes=reserved_memory_gb * 2**30)
         results = {}
         for name in models:
             resolver = None
             if name == "profiling":
                 resolver = profiling_resolver(request, profiling_database, interpolate)
-            elif evidence:
+            elif evidence:  # measured evidence first, then the analytic providers
                 resolver = evidence_resolver(device, evidence, evidence_policy, roofline_mode,
                                              store)
             results[name] = estimate_step(request, resolver)

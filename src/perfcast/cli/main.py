@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from perfcast.cli import catalog, estimate, profiling, search, serve, validate
+from perfcast.cli import catalog, collect, estimate, profiling, search, serve, validate
 from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -12,8 +12,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 app.command("estimate", context_settings=estimate.CONTEXT_SETTINGS)(estimate.estimate_command)
 app.command("devices")(catalog.devices_command)
 app.command("models")(catalog.models_command)
-app.add_typer(evidence_cli.app, name="evidence")
 app.add_typer(profiling.app, name="profiling")
+app.add_typer(evidence_cli.app, name="evidence")
+app.add_typer(collect.app, name="collect")
 app.command("serve")(serve.serve_command)
 app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")

@@ -148,8 +148,10 @@ def memory_facts(tasks: list[Task], plan: ParallelPlan, *, block_size: int = 0,
         if block_size:
             tokens = -(-tokens // block_size) * block_size
         kv[t.stage] += requests * tokens * float(per_tok) * layers
-        run = (t.layers, t.stage, t.lineage.split(".", 1)[0])
-        if run not in seen_runs:  # one entry per layer run, not per batch segment
+        # one entry per layer run and cache (a layer may hold several, e.g. the DSA
+        # indexer's keys beside the MLA latent: `cache_name`), not per batch segment
+        run = (t.layers, t.stage, t.lineage.split(".", 1)[0], str(a.get("cache_name", "")))
+        if run not in seen_runs:
             seen_runs.add(run)
             per_token[t.stage][window] = per_token[t.stage].get(window, 0.0) \
                 + float(per_tok) * layers

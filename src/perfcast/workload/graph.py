@@ -316,7 +316,7 @@ class GraphBuilder:
                   operator: str = "tensor_cast.attention.default", count: int | None = None,
                   devices: int | None = None, stage: int = 0, extra: dict | None = None,
                   operation: str = "attention", axes: dict | None = None,
-                  cache_bytes_per_token: float | None = None) -> str:
+                  cache_bytes_per_token: float | None = None, chunk: int | None = None) -> str:
         """Scaled-dot-product attention of `num_requests` requests, each with `q_tokens`
         new queries over `context_tokens` cached keys plus the new ones (causal).
 
@@ -327,18 +327,27 @@ class GraphBuilder:
         `cache_bytes_per_token`: KV-cache bytes one token of one request occupies on this
         device for one layer (default: K and V of the local KV heads); the memory model
         sums it over layers. MLA's absorbed form reads the compressed latent (kv_heads=1,
-        qk_head_dim = kv_lora_rank + rope, v_head_dim = kv_lora_rank, shared K/V)."""
+        qk_head_dim = kv_lora_rank + rope, v_head_dim = kv_lora_rank, shared K/V).
+
+        `chunk` (chunked local attention, Llama-4): a query at position p attends only to
+        the keys of its own chunk of `chunk` tokens, ((p - 1) mod chunk) + 1 of them; K/V
+        are read from the start of the first query's chunk; the cache holds one chunk."""
         extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
         if DType(a_dt) in (DType.INT8, DType.FP8):
             operator = QUANT_ATTENTION_OPERATORS.get(operator, operator)
-        pairs = attended_pairs(q_tokens, context_tokens, window) * num_requests
+        if chunk:
+            pairs = chunked_pairs(q_tokens, context_tokens, chunk) * num_requests
+        else:
+            pairs = attended_pairs(q_tokens, context_tokens, window) * num_requests
         flops = 2.0 * q_heads * (qk_head_dim + v_head_dim) * pairs
         kv_len = context_tokens + q_tokens
         kv_read_len = min(kv_len, window) if window else kv_len
         if window and q_tokens > 1:
             kv_read_len = min(kv_len, window + q_tokens - 1)
+        if chunk:
+            kv_read_len = kv_len - (context_tokens // chunk) * chunk
         kv_width = kv_heads * (qk_head_dim + v_head_dim)
         if extra and extra.get("shared_kv"):
             kv_width = kv_heads * qk_head_dim  # MLA latent: V is a slice of K
@@ -352,13 +361,15 @@ class GraphBuilder:
                                 "kv_dtype": DType(kv_dt).value}
         if window:
             axes["window"] = window
+        if chunk:
+            axes["attention_chunk"] = chunk
         if extra_axes:
             axes.update(extra_axes)
         attrs = dict(extra or {})
         if cache_bytes_per_token is None:
             cache_bytes_per_token = kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes(kv_dt)
         attrs["kv_cache_bytes_per_token"] = float(cache_bytes_per_token)
-        attrs["cache_window"] = int(window or 0)
+        attrs["cache_window"] = int(window or chunk or 0)
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=(TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), DType(a_dt).value),
@@ -395,6 +406,30 @@ class GraphBuilder:
             work=Work(flops=float(flops), engine=Engine.VECTOR,
                       compute_dtype=dt if dt in ("bf16", "fp16", "fp32") else "fp32",
                       bytes_read=read, bytes_written=written, axes=FrozenDict(axes)),
+            attributes=FrozenDict(attrs),
+            **self._common(group, layers, deps, count, devices, stage)))
+
+    def compute(self, group: str, operator: str, operation: str, *, flops: float,
+                bytes_read: float, bytes_written: float, inputs: tuple[TensorSpec, ...],
+                outputs: tuple[TensorSpec, ...], axes: dict, engine: Engine = Engine.MATRIX,
+                compute_dtype: str | None = None, layers=None, deps=(),
+                count: int | None = None, devices: int | None = None, stage: int = 0,
+                extra: dict | None = None, replicas: int = 1) -> str:
+        """A compute op whose exact work a family derives from its own documented formula
+        (gated-delta-rule scans, the DSA indexer, sparse MLA): FLOPs, bytes and lookup
+        axes are given, not derived from shapes. Weights, caches and per-request state
+        are declared through `extra` (`weight_params`/`weight_shards`/`weight_bytes`,
+        `kv_cache_bytes_per_token` + `cache_window`, `state_bytes_per_request`)."""
+        attrs: dict[str, Any] = dict(extra or {})
+        if replicas > 1:
+            attrs["replicas"] = replicas
+        dt = compute_dtype or self.precision.activation
+        return self._add(Task(
+            operator=operator, operation=operation, kind=TaskKind.COMPUTE,
+            inputs=inputs, outputs=outputs,
+            work=Work(flops=float(flops), engine=engine, compute_dtype=DType(dt).value,
+                      bytes_read=float(bytes_read), bytes_written=float(bytes_written),
+                      axes=FrozenDict(axes)),
             attributes=FrozenDict(attrs),
             **self._common(group, layers, deps, count, devices, stage)))
 
@@ -505,6 +540,15 @@ def attended_pairs(q_tokens: int, context_tokens: int, window: int | None = None
     n_partial = q - n_full
     partial = sum_range(c + 1, c + n_partial) if n_partial > 0 else 0
     return n_full * window + partial
+
+
+def chunked_pairs(q_tokens: int, context_tokens: int, chunk: int) -> float:
+    """(query, key) pairs of one request under chunked local attention: the query at
+    position p (1-based) sees ((p - 1) mod chunk) + 1 keys, its chunk's keys up to p."""
+    def upto(n: int) -> float:  # sum over positions 1..n
+        full, rest = divmod(n, chunk)
+        return full * chunk * (chunk + 1) / 2 + rest * (rest + 1) / 2
+    return upto(context_tokens + q_tokens) - upto(context_tokens)
 
 
 def sum_range(a: int, b: int) -> float:

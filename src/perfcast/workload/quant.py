@@ -49,6 +49,15 @@ UNQUANTISED_GROUPS = ("moe.router", "final.lm_head", "moe.shared_experts.gate")
 # HuggingFace module-name token -> perfcast lineage groups (checked in this order).
 MODULE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("lm_head", ("final.lm_head",)),
+    ("indexer", ("dsa.indexer",)),
+    ("linear_attn", ("gdn",)),
+    ("in_proj_qkvz", ("gdn.in_proj_qkvz",)),
+    ("in_proj_qkv", ("gdn.in_proj_qkvz",)),
+    ("in_proj_z", ("gdn.in_proj_qkvz",)),
+    ("in_proj_ba", ("gdn.in_proj_ba",)),
+    ("in_proj_b", ("gdn.in_proj_ba",)),
+    ("in_proj_a", ("gdn.in_proj_ba",)),
+    ("out_proj", ("gdn.out_proj",)),
     ("shared_experts", ("moe.shared_experts",)),
     ("shared_expert", ("moe.shared_experts",)),
     ("experts", ("moe.experts",)),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, moe
+from perfcast.workload.families import dense, dsa, hybrid, llama4, mimo, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -20,16 +20,33 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "mistral": dense.build,
     "qwen2": dense.build,
     "qwen3": dense.build,
+    "qwen3_vl_text": dense.build,  # language model of Qwen3-VL
+    "mimo": dense.build,  # Qwen2-style MiMo-7B (its MTP layers are not built)
     # GQA attention + routed experts
     "mixtral": moe.build,
     "qwen2_moe": moe.build,
     "qwen3_moe": moe.build,
+    "qwen3_vl_moe_text": moe.build,
     "gpt_oss": moe.build,
     "minimax_m2": moe.build,
     # multi-head latent attention + routed experts
     "deepseek_v2": moe.build_mla,
     "deepseek_v3": moe.build_mla,
     "kimi_k2": moe.build_mla,
+    # interleaved MoE/dense layers, chunked local + global NoPE attention
+    "llama4_text": llama4.build,
+    "llama4": llama4.build,
+    # sliding/global GQA with per-kind shapes and sinks, routed experts
+    "mimo_v2_flash": mimo.build,
+    # DeepSeek Sparse Attention: indexer + sparse MLA, routed experts
+    "deepseek_v32": dsa.build,
+    "glm_moe_dsa": dsa.build,
+    # gated DeltaNet linear attention interleaved with gated full attention
+    "qwen3_next": hybrid.build,
+    "qwen3_5": hybrid.build,
+    "qwen3_5_text": hybrid.build,
+    "qwen3_5_moe": hybrid.build,
+    "qwen3_5_moe_text": hybrid.build,
 }
 
 

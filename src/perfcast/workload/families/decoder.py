@@ -47,11 +47,13 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
 
 
 def build_layers(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...],
-                 stage: int, kinds: list[LayerKind], attention: BlockFn, ffn: BlockFn) -> str:
-    """Emit layers first..last as runs of one kind; return the last lineage."""
+                 stage: int, kinds: list[LayerKind], attention: BlockFn, ffn: BlockFn,
+                 grouping=layer_runs) -> str:
+    """Emit layers first..last as runs of one kind (`grouping(kinds, first, last)`,
+    default `layer_runs`); return the last lineage."""
     check_activation(b)
     last = entry_deps
-    for kind, run in layer_runs(kinds, layers[0], layers[1]):
+    for kind, run in grouping(kinds, layers[0], layers[1]):
         last = (decoder_layer(b, run, last, stage, kind, attention, ffn),)
     return last[0]
 

@@ -54,7 +54,10 @@ def mla_form_for(b: GraphBuilder, is_decode: bool) -> str:
 
 
 def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...],
-                  stage: int) -> str:
+                  stage: int, *, sparse=None) -> str:
+    """`sparse`: DeepSeek Sparse Attention hooks (`dsa.SparseMla`): its `indexer` runs
+    after the cache write, its `core` replaces dense attention, and every segment uses
+    the absorbed form (sparse MLA kernels work in latent space)."""
     m = b.model
     tp = b.plan.tp
     dims = mla_dims(m)
@@ -94,12 +97,18 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                           "kv_cache_write", inputs=(TensorSpec((tokens, lora + rope), act),),
                           outputs=(TensorSpec((tokens, lora + rope), kv_dt),), flops=0,
                           layers=layers, deps=(rp,), stage=stage, replicas=tp)
-    forms = [mla_form_for(b, seg.is_decode) for seg in b.local_batch.segments]
+    forms = [mla_form_for(b, seg.is_decode) if sparse is None else "absorbed"
+             for seg in b.local_batch.segments]
     weights_in_naive = "naive" in forms
     cache_per_token = (lora + rope) * dtype_bytes(kv_dt)
     mla_axes = {"kv_lora_rank": lora, "qk_rope_head_dim": rope, "qk_nope_head_dim": nope,
                 "head_dim": nope + rope, "v_head_dim": v, "tp_size": tp}
     last: tuple[str, ...] = (cache,)
+    attend = b.attention
+    if sparse is not None:
+        last = (sparse.indexer(b, layers, stage, q_latent=qn if q_lora else None,
+                               hidden_deps=deps, deps=last),)
+        attend = sparse.core
     done_naive = done_absorbed = False
     for i, (seg, form) in enumerate(zip(b.local_batch.segments, forms)):
         sfx = segment_suffix(b, i)
@@ -124,7 +133,7 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
             qab = b.gemm("mla.q_absorb" + sfx, s_tokens, lora, nope, batch=heads,
                          layers=layers, deps=last, stage=stage, weight_shards=tp,
                          weight_dtype=act, act_dtype=act, extra=extra)
-            core = b.attention("mla.core" + sfx, kv_heads=1, qk_head_dim=lora + rope,
+            core = attend("mla.core" + sfx, kv_heads=1, qk_head_dim=lora + rope,
                                v_head_dim=lora, deps=(qab,),
                                axes={**mla_axes, "mla_form": "absorbed"},
                                extra={"shared_kv": True}, **common)

@@ -23,12 +23,16 @@ def _ffn_for(spec: MoeSpec, traits):
     return ffn
 
 
-def _build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...], stage: int,
-           attention) -> str:
+def build_with_attention(b: GraphBuilder, layers: tuple[int, int],
+                         entry_deps: tuple[str, ...], stage: int, attention,
+                         kinds=None) -> str:
+    """MoE decoder layers (dense-first layers, optional MTP modules) around a family's
+    attention block `attention(b, layers, deps, stage, kind)`; `kinds` overrides the
+    per-layer kinds read from the config (e.g. with a family-specific `mixer`)."""
     m = b.model
     traits = traits_for(m)
     spec = MoeSpec.from_model(m)
-    kinds = layer_kinds(m, moe=True)
+    kinds = kinds or layer_kinds(m, moe=True)
     ffn = _ffn_for(spec, traits)
     last = build_layers(b, layers, entry_deps, stage, kinds, attention, ffn)
     if layers[1] == m.num_layers - 1 and b.options.get("mtp_layers", 0):
@@ -46,7 +50,7 @@ def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] 
     def attention(b, run, deps, stage, kind):
         return gqa_attention(b, run, deps, stage, window=kind.window, traits=traits)
 
-    return _build(b, layers, entry_deps, stage, attention)
+    return build_with_attention(b, layers, entry_deps, stage, attention)
 
 
 def build_mla(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] = (),
@@ -56,4 +60,4 @@ def build_mla(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, .
     def attention(b, run, deps, stage, kind):
         return mla_attention(b, run, deps, stage)
 
-    return _build(b, layers, entry_deps, stage, attention)
+    return build_with_attention(b, layers, entry_deps, stage, attention)

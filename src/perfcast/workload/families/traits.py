@@ -21,7 +21,9 @@ class ArchTraits:
     `attention_bias` is absent (Qwen2). `attention_sinks`: one learned sink logit per head
     (gpt-oss). `router_bias`/`expert_bias`: biases on the router and expert linears
     (gpt-oss). `shared_expert_gate`: a sigmoid gate on the shared expert (Qwen2-MoE).
-    `mtp_field`: the config field that declares how many MTP/next-n modules exist."""
+    `mtp_field`: the config field that declares how many MTP/next-n modules exist.
+    `output_gate`: full-attention layers gate their output with sigmoid(x W_g) before
+    `o_proj`, W_g fused into the query projection (Qwen3-Next, Qwen3.5)."""
 
     qk_norm: str = "none"
     qkv_bias: bool = False
@@ -30,6 +32,7 @@ class ArchTraits:
     expert_bias: bool = False
     shared_expert_gate: bool = False
     mtp_field: str = ""
+    output_gate: bool = False
 
 
 ARCH_TRAITS: dict[str, ArchTraits] = {
@@ -45,6 +48,15 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "deepseek_v2": ArchTraits(),
     "deepseek_v3": ArchTraits(mtp_field="num_nextn_predict_layers"),
     "kimi_k2": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    "qwen3_vl_text": ArchTraits(qk_norm="per_head"),
+    "qwen3_vl_moe_text": ArchTraits(qk_norm="per_head"),
+    "mimo": ArchTraits(qkv_bias=True),
+    "deepseek_v32": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    "glm_moe_dsa": ArchTraits(mtp_field="num_nextn_predict_layers"),
+    # hybrid gated DeltaNet + gated full attention (multimodal wrappers: *_text)
+    **{t: ArchTraits(qk_norm="per_head", shared_expert_gate=True, output_gate=True,
+                     mtp_field="mtp_num_hidden_layers")
+       for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
 }
 
 # Config spellings of the same MoE fact, first present wins (data, not code paths).
@@ -54,7 +66,8 @@ EXPERT_INTER_KEYS = ("moe_intermediate_size", "intermediate_size")
 SHARED_INTER_KEYS = ("shared_expert_intermediate_size", "shared_intermediate_size")
 
 # Attention kinds a `layer_types` entry may name, and the window each one uses.
-LAYER_TYPE_WINDOWED = {"full_attention": False, "sliding_attention": True}
+LAYER_TYPE_WINDOWED = {"full_attention": False, "sliding_attention": True,
+                       "deepseek_sparse_attention": False}
 
 
 def traits_for(model: ModelSpec) -> ArchTraits:
@@ -117,6 +130,9 @@ class LayerKind:
 
     window: int | None
     ffn: str  # "dense" | "moe"
+    # token mixer: "attention" (softmax), "linear" (gated DeltaNet), "chunked" (local
+    # attention within chunks of `window` tokens, Llama-4)
+    mixer: str = "attention"
 
 
 def _moe_layer(model: ModelSpec, i: int) -> bool:

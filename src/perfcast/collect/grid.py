@@ -1,0 +1,310 @@
+"""`collect grid`: append theory shape rows (empty durations) for target models.
+
+For every CSV already in the database whose kernel type has a writable layout
+(kernel_types.yaml), candidate axes come from the target models' configs across TP degrees:
+
+* GEMM: m from a dense small-m grid up to 32768; (n, k) from each model's projections
+  (qkv, o, gate_up, down, lm_head) at every TP degree that divides them;
+* attention: batch x (prefill q = kv, or decode q = 1 with kv on a grid uniform in sqrt
+  space) x heads / KV heads under TP;
+* norm / activation / elementwise: tokens x the widths the model uses;
+* collectives (`hcom_*.csv`): message bytes in powers of two x the group sizes, dtypes
+  and tiers the CSV already holds.
+
+Each candidate is written in the dtypes, formats and arity of the CSV's existing rows
+(its templates); candidates already present, or whose tensors exceed `max_memory_gb`,
+are dropped; at most `rows` per CSV are kept, sampled with `seed` (deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfcast.collect.kernel_types import (
+    FRACTAL_NZ,
+    LAYOUTS,
+    KernelTypeSpec,
+    fractal_nz_like,
+    spec_for,
+)
+from perfcast.collect.parse.torch_trace import INPUT_STRIDES
+from perfcast.collect.replay.torch_ops import ASCEND_TO_TORCH_DTYPE
+from perfcast.collect.tables import (
+    COMM_PREFIX,
+    CORE,
+    INPUT_DTYPES,
+    INPUT_FORMATS,
+    INPUT_SHAPES,
+    OUTPUT_DTYPES,
+    OUTPUT_FORMATS,
+    OUTPUT_SHAPES,
+    STATE,
+    KernelTable,
+    format_shapes,
+    load_database,
+    parse_shapes,
+    split_list,
+    table_key,
+    write_tables,
+)
+from perfcast.core.errors import ConfigError
+from perfcast.workload.model_spec import ModelSpec, load_model_spec
+
+M_GRID = tuple(list(range(1, 17)) + list(range(24, 129, 8)) + [
+    160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096,
+    6144, 8192, 12288, 16384, 24576, 32768])
+BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+DECODE_KV_MIN, DECODE_KV_MAX, DECODE_KV_POINTS = 16, 131072, 24
+TOKENS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+MESSAGE_BYTES_GRID = tuple(2 ** e for e in range(10, 31))
+TP_SIZES = (1, 2, 4, 8)
+
+_DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
+                "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+@dataclass(frozen=True)
+class GridResult:
+    appended: dict[str, int]
+    written: tuple[Path, ...]
+
+
+def sqrt_space(lo: int, hi: int, points: int) -> tuple[int, ...]:
+    """`points` integers from lo to hi, evenly spaced in sqrt(x) (denser at short contexts,
+    where attention cost bends)."""
+    a, b = math.sqrt(lo), math.sqrt(hi)
+    vals = {round((a + (b - a) * i / (points - 1)) ** 2) for i in range(points)}
+    return tuple(sorted(vals))
+
+
+def gemm_nk(models: Sequence[ModelSpec], tp_sizes: Iterable[int] = TP_SIZES) -> set[tuple[int, int]]:
+    """(n, k) of every dense projection of the models at every TP degree dividing it."""
+    out = set()
+    for m in models:
+        d, h = m.head_dim, m.hidden_size
+        for tp in tp_sizes:
+            if m.num_heads % tp:
+                continue
+            heads = m.num_heads // tp
+            kv = max(1, m.num_kv_heads // tp)
+            out.add(((heads + 2 * kv) * d, h))         # qkv_proj
+            out.add((h, heads * d))                    # o_proj
+            if m.intermediate_size and m.intermediate_size % tp == 0:
+                inter = m.intermediate_size // tp
+                out.add((2 * inter, h))                # gate_up_proj
+                out.add((h, inter))                    # down_proj
+            out.add((-(-m.vocab_size // tp), h))       # lm_head (vocab-parallel)
+    return out
+
+
+def attention_points(models: Sequence[ModelSpec], tp_sizes: Iterable[int] = TP_SIZES) -> set[tuple]:
+    heads_set = set()
+    for m in models:
+        for tp in tp_sizes:
+            if m.num_heads % tp == 0:
+                heads_set.add((m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_dim))
+    decode_kv = sqrt_space(DECODE_KV_MIN, DECODE_KV_MAX, DECODE_KV_POINTS)
+    pts = set()
+    for heads, kv_heads, d in heads_set:
+        for b in BATCH_GRID:
+            for s in PREFILL_GRID:
+                pts.add((b, s, s, heads, kv_heads, d))
+            for kv in decode_kv:
+                pts.add((b, 1, kv, heads, kv_heads, d))
+    return pts
+
+
+def elementwise_widths(models: Sequence[ModelSpec], operation: str,
+                       tp_sizes: Iterable[int] = TP_SIZES) -> set[int]:
+    widths = set()
+    for m in models:
+        if operation == "activation":
+            for tp in tp_sizes:
+                if m.intermediate_size and m.intermediate_size % tp == 0:
+                    widths |= {m.intermediate_size // tp, 2 * m.intermediate_size // tp}
+        else:
+            widths.add(m.hidden_size)
+    return widths
+
+
+def candidate_axes(spec: KernelTypeSpec, models: Sequence[ModelSpec],
+                   tp_sizes: Sequence[int]) -> list[dict[str, int]]:
+    layout = spec.layout
+    if spec.operation == "gemm" and layout in ("matmul", "addmm", "linear"):
+        return [{"m": m, "n": n, "k": k} for n, k in sorted(gemm_nk(models, tp_sizes))
+                for m in M_GRID]
+    if spec.operation == "attention" and layout == "sdpa":
+        return [{"batch": b, "q_tokens": q, "kv_len": kv, "heads": h, "kv_heads": kvh,
+                 "head_dim": d} for b, q, kv, h, kvh, d in sorted(attention_points(models, tp_sizes))]
+    if layout == "elementwise":
+        return [{"tokens": t, "numel": t * w}
+                for w in sorted(elementwise_widths(models, spec.operation, tp_sizes))
+                for t in TOKENS_GRID]
+    return []
+
+
+def _bytes(shapes, dtypes) -> float:
+    total = 0.0
+    for i, s in enumerate(shapes):
+        if s is None:
+            continue
+        dt = ASCEND_TO_TORCH_DTYPE.get(dtypes[i].upper() if i < len(dtypes) else "", "float32")
+        total += math.prod(s) * _DTYPE_BYTES.get(dt, 4)
+    return total
+
+
+def strides_like(template_strides, template_shapes, shapes) -> tuple:
+    """Dense strides for `shapes` that keep each template tensor's memory order (a
+    transposed weight in the template stays transposed in the new row)."""
+    out = []
+    for i, shape in enumerate(shapes):
+        t_st = template_strides[i] if i < len(template_strides) else None
+        t_sh = template_shapes[i] if i < len(template_shapes) else None
+        if shape is None or not t_st or t_sh is None or len(t_st) != len(shape):
+            out.append(None if shape is None else _contiguous(shape))
+            continue
+        order = sorted(range(len(shape)), key=lambda d: (-t_st[d], d))  # outermost first
+        strides = [0] * len(shape)
+        step = 1
+        for d in reversed(order):
+            strides[d] = step
+            step *= max(shape[d], 1)
+        out.append(tuple(strides))
+    return tuple(out)
+
+
+def _contiguous(shape) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _templates(table: KernelTable) -> list[dict[str, str]]:
+    seen, out = set(), []
+    for r in table.rows:
+        sig = (len(parse_shapes(r.get(INPUT_SHAPES, ""))), r.get(INPUT_DTYPES, ""),
+               r.get(INPUT_FORMATS, ""), r.get(OUTPUT_DTYPES, ""), r.get(OUTPUT_FORMATS, ""),
+               r.get(STATE, ""), r.get(CORE, ""), _order_signature(r.get(INPUT_STRIDES, "")))
+        if sig not in seen:
+            seen.add(sig)
+            out.append(r)
+    return out
+
+
+def _tiled_like_template(slots, template_slots, formats):
+    """Write the slots whose template is FRACTAL_NZ in the template's tiling (None when a
+    dimension does not divide into tiles)."""
+    out = []
+    for i, shape in enumerate(slots):
+        fmt = formats[i].strip().upper() if i < len(formats) else ""
+        t = template_slots[i] if i < len(template_slots) else None
+        if fmt == FRACTAL_NZ and shape is not None and t is not None and len(t) >= 4:
+            shape = fractal_nz_like(shape, t)
+            if shape is None:
+                return None
+        out.append(shape)
+    return tuple(out)
+
+
+def _order_signature(strides_text: str) -> tuple:
+    return tuple(None if st is None else tuple(sorted(range(len(st)), key=lambda d: (-st[d], d)))
+                 for st in parse_shapes(strides_text))
+
+
+def compute_rows(table: KernelTable, spec: KernelTypeSpec, models: Sequence[ModelSpec],
+                 tp_sizes: Sequence[int], max_bytes: float) -> list[dict[str, str]]:
+    layout = LAYOUTS[spec.layout]
+    if layout.slots is None:
+        return []
+    axes_list = candidate_axes(spec, models, tp_sizes)
+    existing = {table.key_of(r) for r in table.rows}
+    rows = []
+    for tmpl in _templates(table):
+        arity = len(parse_shapes(tmpl.get(INPUT_SHAPES, "")))
+        in_dt = split_list(tmpl.get(INPUT_DTYPES, ""))
+        out_dt = split_list(tmpl.get(OUTPUT_DTYPES, ""))
+        in_fmt = split_list(tmpl.get(INPUT_FORMATS, ""))
+        t_slots = parse_shapes(tmpl.get(INPUT_SHAPES, ""))
+        for axes in axes_list:
+            slots = layout.slots(axes, arity)
+            if len(slots) != arity:
+                continue
+            slots = _tiled_like_template(slots, t_slots, in_fmt)
+            if slots is None:
+                continue
+            out_shape = layout.output(axes) if layout.output else None
+            if max_bytes and _bytes(slots, in_dt) + (
+                    _bytes([out_shape], out_dt or in_dt[:1]) if out_shape else 0) > max_bytes:
+                continue
+            row = {c: tmpl.get(c, "") for c in (STATE, CORE, INPUT_DTYPES, INPUT_FORMATS,
+                                                  OUTPUT_DTYPES, OUTPUT_FORMATS)}
+            row[INPUT_SHAPES] = format_shapes(slots)
+            row[OUTPUT_SHAPES] = (format_shapes([out_shape])
+                                  if out_shape and tmpl.get(OUTPUT_SHAPES) else "")
+            if (tmpl.get(INPUT_STRIDES) or "").strip():
+                row[INPUT_STRIDES] = format_shapes(strides_like(
+                    parse_shapes(tmpl[INPUT_STRIDES]), parse_shapes(tmpl[INPUT_SHAPES]), slots))
+            if table.key_of(row) not in existing:
+                existing.add(table.key_of(row))
+                rows.append(row)
+    return rows
+
+
+def comm_rows(table: KernelTable, max_bytes: float) -> list[dict[str, str]]:
+    combos = sorted({(r.get("num_devices", ""), r.get("dtype", ""), r.get("topology_tier", ""))
+                     for r in table.rows})
+    existing = {(r.get("message_bytes", ""), r.get("num_devices", ""), r.get("dtype", ""),
+                 r.get("topology_tier", "")) for r in table.rows}
+    rows = []
+    for n, dtype, tier in combos:
+        for mb in MESSAGE_BYTES_GRID:
+            if max_bytes and mb > max_bytes:
+                continue
+            key = (str(mb), n, dtype, tier)
+            if key not in existing:
+                rows.append({"message_bytes": str(mb), "num_devices": n, "dtype": dtype,
+                             "topology_tier": tier})
+    return rows
+
+
+def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, rows: int = 1000,
+                  seed: int | None = None, max_memory_gb: float = 32.0,
+                  tp_sizes: Sequence[int] = TP_SIZES, ops: Sequence[str] = ()) -> GridResult:
+    """Append theory rows to the CSVs of `database_path`. `rows=0` means no cap per CSV;
+    `seed=None` samples with seed 0 (the result is always reproducible)."""
+    if rows < 0:
+        raise ConfigError(f"has value {rows}", field="--rows", expected="0 or a positive integer")
+    models = [load_model_spec(m) for m in target_models]
+    tables = load_database(Path(database_path))
+    if not tables:
+        raise ConfigError("holds no CSV to extend", source=str(database_path),
+                          field="--database-path", expected="a database with {KernelType}.csv files")
+    max_bytes = max_memory_gb * 2**30 if max_memory_gb else 0.0
+    rng = random.Random(0 if seed is None else seed)
+    ops = [table_key(o) for o in ops]
+    appended, changed = {}, []
+    for ktype, table in sorted(tables.items()):
+        if ops and ktype not in ops:
+            continue
+        if ktype.startswith(COMM_PREFIX):
+            new = comm_rows(table, max_bytes)
+        else:
+            spec = spec_for(ktype)
+            if spec is None or not models:
+                continue
+            new = compute_rows(table, spec, models, tp_sizes, max_bytes)
+        if rows and len(new) > rows:
+            new = rng.sample(new, rows)
+        if new:
+            table.rows.extend(new)
+            appended[ktype] = len(new)
+            changed.append(table)
+    written = write_tables(changed) if changed else []
+    return GridResult(appended=appended, written=tuple(written))

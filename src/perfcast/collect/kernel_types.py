@@ -1,0 +1,224 @@
+"""Kernel-type table (kernel_types.yaml) and tensor layouts.
+
+A layout reads the semantic axes of one row (GEMM `m, n, k` -- m rows of the output,
+n columns, k the contraction; attention `batch, q_tokens, kv_len, heads, kv_heads,
+head_dim`; elementwise `tokens, numel`) from its tensor slots, and writes the slots of
+a row for given axes (used by the shape grid), following a template row's arity.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from perfcast.core.errors import ConfigError
+
+Shape = tuple[int, ...]
+Slots = tuple[Shape | None, ...]
+
+
+@dataclass(frozen=True)
+class KernelTypeSpec:
+    kernel_type: str
+    operation: str
+    layout: str
+    replay: str = ""
+    args: tuple[int, ...] | None = None
+
+
+@functools.cache
+def kernel_type_table(path: str | None = None) -> dict[str, KernelTypeSpec]:
+    src = Path(path) if path else Path(str(resources.files("perfcast.collect").joinpath(
+        "kernel_types.yaml")))
+    data = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
+    table = {}
+    for name, entry in (data.get("kernel_types") or {}).items():
+        if not isinstance(entry, dict) or "operation" not in entry or "layout" not in entry:
+            raise ConfigError("needs operation and layout", source=str(src), field=name)
+        if entry["layout"] not in LAYOUTS:
+            raise ConfigError(f"unknown layout {entry['layout']!r}", source=str(src), field=name,
+                              expected=" | ".join(sorted(LAYOUTS)))
+        args = entry.get("args")
+        table[name] = KernelTypeSpec(name, entry["operation"], entry["layout"],
+                                     entry.get("replay", "") or "",
+                                     tuple(args) if args is not None else None)
+    return table
+
+
+def spec_for(kernel_type: str) -> KernelTypeSpec | None:
+    """The spec of a kernel type, given as itself (`aten::mm`) or as its CSV file stem
+    (`aten__mm`)."""
+    table = kernel_type_table()
+    return table.get(kernel_type) or _by_stem().get(kernel_type)
+
+
+@functools.cache
+def _by_stem() -> dict[str, KernelTypeSpec]:
+    from perfcast.collect.tables import csv_name
+
+    return {csv_name(k)[:-4]: spec for k, spec in kernel_type_table().items()}
+
+
+# -- layouts -----------------------------------------------------------------------------
+def _present(slots: Slots) -> list[Shape]:
+    return [s for s in slots if s is not None]
+
+
+def _matmul_axes(slots: Slots) -> dict[str, int] | None:
+    """x (..., k) times a weight stored (k, n) or transposed (n, k) -- the orientation a
+    FRACTAL_NZ weight restores to."""
+    s = _present(slots)
+    if len(s) < 2 or len(s[0]) < 2 or len(s[1]) != 2:
+        return None
+    x, w = s[0], s[1]
+    if x[-1] == w[0]:
+        n = w[1]
+    elif x[-1] == w[1]:
+        n = w[0]
+    else:
+        return None
+    return {"m": math.prod(x[:-1]), "k": x[-1], "n": n}
+
+
+def _addmm_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)
+    return _matmul_axes(tuple(s[1:3])) if len(s) >= 3 else None
+
+
+def _linear_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)
+    if len(s) < 2 or len(s[0]) < 1 or len(s[1]) != 2 or s[0][-1] != s[1][1]:
+        return None
+    return {"m": math.prod(s[0][:-1]), "k": s[0][-1], "n": s[1][0]}
+
+
+def _bmm_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)
+    if len(s) < 2 or len(s[0]) != 3 or len(s[1]) != 3 or s[0][2] != s[1][1]:
+        return None
+    return {"batch": s[0][0], "m": s[0][1], "k": s[0][2], "n": s[1][2]}
+
+
+def _transpose_bmm_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)  # x (m, batch, k) x w (batch, k, n) -> (m, batch, n)
+    if len(s) < 2 or len(s[0]) != 3 or len(s[1]) != 3 or s[0][1] != s[1][0] or s[0][2] != s[1][1]:
+        return None
+    return {"batch": s[0][1], "m": s[0][0], "k": s[0][2], "n": s[1][2]}
+
+
+def _sdpa_axes(slots: Slots) -> dict[str, int | str] | None:
+    s = _present(slots)  # q (b, h, s, d), k (b, hkv, skv, d), v (b, hkv, skv, dv)
+    if len(s) < 3 or any(len(x) != 4 for x in s[:3]):
+        return None
+    q, k, v = s[:3]
+    phase = "decode" if q[2] == 1 and k[2] > 1 else "prefill"
+    return {"batch": q[0], "heads": q[1], "q_tokens": q[2], "head_dim": q[3], "kv_heads": k[1],
+            "kv_len": k[2], "v_head_dim": v[3], "phase": phase}
+
+
+def _fia_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)  # q (T, N, D) in TND layout; KV in paged blocks
+    if not s or len(s[0]) != 3:
+        return None
+    return {"q_tokens_total": s[0][0], "heads": s[0][1], "head_dim": s[0][2]}
+
+
+def _elementwise_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)
+    if not s:
+        return None
+    x = s[0]
+    return {"tokens": x[0] if x else 1, "numel": math.prod(x)}
+
+
+def _embedding_axes(slots: Slots) -> dict[str, int] | None:
+    s = _present(slots)  # weight (vocab, hidden), indices (...)
+    if len(s) < 2 or len(s[0]) != 2:
+        return None
+    return {"tokens": math.prod(s[1]), "numel": math.prod(s[1]) * s[0][1]}
+
+
+def _matmul_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    return ((axes["m"], axes["k"]), (axes["k"], axes["n"]))
+
+
+def _addmm_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    return ((axes["n"],), (axes["m"], axes["k"]), (axes["k"], axes["n"]))
+
+
+def _linear_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    base = ((axes["m"], axes["k"]), (axes["n"], axes["k"]))
+    return base + ((axes["n"],),) if arity >= 3 else base
+
+
+def _bmm_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    b = axes["batch"]
+    return ((b, axes["m"], axes["k"]), (b, axes["k"], axes["n"]))
+
+
+def _sdpa_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    b, q, kv = axes["batch"], axes["q_tokens"], axes["kv_len"]
+    d, dv = axes["head_dim"], axes.get("v_head_dim", axes["head_dim"])
+    return ((b, axes["heads"], q, d), (b, axes["kv_heads"], kv, d), (b, axes["kv_heads"], kv, dv))
+
+
+def _elementwise_slots(axes: Mapping[str, int], arity: int) -> Slots:
+    width = axes["numel"] // axes["tokens"]
+    return tuple((axes["tokens"], width) for _ in range(max(arity, 1)))
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    axes: Callable[[Slots], dict | None]
+    slots: Callable[[Mapping[str, int], int], Slots] | None = None
+    output: Callable[[Mapping[str, int]], Shape] | None = None
+
+
+LAYOUTS: dict[str, Layout] = {
+    "matmul": Layout("matmul", _matmul_axes, _matmul_slots, lambda a: (a["m"], a["n"])),
+    "addmm": Layout("addmm", _addmm_axes, _addmm_slots, lambda a: (a["m"], a["n"])),
+    "linear": Layout("linear", _linear_axes, _linear_slots, lambda a: (a["m"], a["n"])),
+    "bmm": Layout("bmm", _bmm_axes, _bmm_slots, lambda a: (a["batch"], a["m"], a["n"])),
+    "transpose_bmm": Layout("transpose_bmm", _transpose_bmm_axes),
+    "sdpa": Layout("sdpa", _sdpa_axes, _sdpa_slots,
+                   lambda a: (a["batch"], a["heads"], a["q_tokens"],
+                              a.get("v_head_dim", a["head_dim"]))),
+    "fia": Layout("fia", _fia_axes),
+    "elementwise": Layout("elementwise", _elementwise_axes, _elementwise_slots,
+                          lambda a: (a["tokens"], a["numel"] // a["tokens"])),
+    "embedding": Layout("embedding", _embedding_axes),
+}
+
+
+FRACTAL_NZ = "FRACTAL_NZ"
+
+
+def nd_slots(slots: Sequence[Shape | None], formats: Sequence[str] = ()) -> Slots:
+    """Tensor slots with FRACTAL_NZ tiles restored to their ND shape."""
+    from perfcast.evidence.profiling.shape_rules import fractal_nz_to_nd
+
+    return tuple(fractal_nz_to_nd(s) if s is not None and i < len(formats)
+                 and formats[i].strip().upper() == FRACTAL_NZ else s
+                 for i, s in enumerate(slots))
+
+
+def fractal_nz_like(nd_weight: Shape, template_nz: Shape) -> Shape | None:
+    """A (k, n) ND weight in the FRACTAL_NZ tiling of a template slot
+    (`[N/W0, K/H0, H0, W0]`), or None when the dims do not divide into tiles."""
+    h0, w0 = template_nz[-2], template_nz[-1]
+    k, n = nd_weight[-2], nd_weight[-1]
+    if k % h0 or n % w0:
+        return None
+    return (*nd_weight[:-2], n // w0, k // h0, h0, w0)
+
+
+def axes_of(spec: KernelTypeSpec, slots: Sequence[Shape | None],
+            formats: Sequence[str] = ()) -> dict | None:
+    return LAYOUTS[spec.layout].axes(nd_slots(slots, formats))

@@ -1,0 +1,126 @@
+"""NPU replay backend: the torch replay of each case runs on `torch_npu` under `msprof`,
+and the durations come from msprof's `op_summary_*.csv` (parsed by the same Ascend
+parser as `collect parse`), so NPU-private formats such as FRACTAL_NZ are measured by
+the device itself.
+
+Flow: write the cases to `cases.json` -> run
+`msprof --output=OUT --application="PYTHON -m perfcast.collect.replay.npu_worker cases.json
+--repeat-count N --warmup W"` -> find `op_summary_*.csv` under OUT -> for each case, keep
+the samples whose `OP Type` and input shapes/dtypes/formats equal the case's, and take the
+last `repeat_count` of them (the earlier ones are warm-up calls).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from perfcast.collect.parse.ascend import OP_SUMMARY, detect_layout, parse_ascend_csv, read_header
+from perfcast.collect.parse.samples import KernelSample
+from perfcast.collect.replay.base import ReplayCase, ReplayOutcome, ReplaySettings
+from perfcast.collect.tables import (
+    INPUT_DTYPES,
+    INPUT_FORMATS,
+    INPUT_SHAPES,
+    SampleStats,
+    format_shapes,
+    parse_shapes,
+)
+
+WORKER_MODULE = "perfcast.collect.replay.npu_worker"
+
+
+def case_to_json(case: ReplayCase) -> dict:
+    return {"case_id": case.case_id, "kernel_type": case.kernel_type, "replay": case.spec.replay,
+            "args": list(case.spec.args) if case.spec.args is not None else None,
+            "operation": case.spec.operation, "layout": case.spec.layout,
+            "input_shapes": format_shapes(case.input_shapes),
+            "input_dtypes": ";".join(case.input_dtypes),
+            "input_formats": ";".join(case.input_formats),
+            "input_strides": format_shapes(case.input_strides)}
+
+
+def case_match_key(kernel_type: str, shapes: str, dtypes: str, formats: str) -> tuple:
+    return (kernel_type, parse_shapes(shapes), tuple(d.strip().upper() for d in dtypes.split(";")
+                                                   if d.strip()),
+            tuple(f.strip().upper() for f in formats.split(";") if f.strip()))
+
+
+class NpuBackend:
+    name = "npu"
+
+    def __init__(self, *, msprof: str = "msprof", python: str = sys.executable,
+                 output_dir: Path | None = None, aic_metrics: str = "PipeUtilization") -> None:
+        self.msprof = msprof
+        self.python = python
+        self.output_dir = Path(output_dir) if output_dir else None
+        self.aic_metrics = aic_metrics
+
+    def unavailable_reason(self) -> str:
+        if shutil.which(self.msprof) is None:
+            return f"{self.msprof} not found: load the CANN toolkit environment (set_env.sh)"
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            return "torch_npu is not installed"
+        return ""
+
+    def command(self, cases_file: Path, output_dir: Path, settings: ReplaySettings) -> list[str]:
+        app = " ".join(shlex.quote(a) for a in [
+            self.python, "-m", WORKER_MODULE, str(cases_file),
+            "--repeat-count", str(settings.repeat_count), "--warmup", str(settings.warmup)])
+        return [self.msprof, f"--output={output_dir}", f"--aic-metrics={self.aic_metrics}",
+                f"--application={app}"]
+
+    def measure(self, cases: Sequence[ReplayCase], settings: ReplaySettings) -> list[ReplayOutcome]:
+        reason = self.unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        work = Path(tempfile.mkdtemp(prefix="perfcast-npu-", dir=self.output_dir))
+        cases_file = work / "cases.json"
+        cases_file.write_text(json.dumps([case_to_json(c) for c in cases]), encoding="utf-8")
+        out_dir = work / "msprof"
+        proc = subprocess.run(self.command(cases_file, out_dir, settings), capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"msprof exited with {proc.returncode}: " + " | ".join(tail))
+        return outcomes_from_profile(cases, out_dir, settings)
+
+
+def find_op_summaries(output_dir: Path) -> list[Path]:
+    return [p for p in sorted(Path(output_dir).rglob("*.csv"))
+            if detect_layout(read_header(p)) is OP_SUMMARY]
+
+
+def outcomes_from_profile(cases: Sequence[ReplayCase], output_dir: Path,
+                          settings: ReplaySettings) -> list[ReplayOutcome]:
+    """Match msprof op_summary samples back to the cases that launched them."""
+    summaries = find_op_summaries(output_dir)
+    if not summaries:
+        return [ReplayOutcome(c.case_id, error=f"no op_summary CSV under {output_dir}")
+                for c in cases]
+    samples: dict[tuple, list[KernelSample]] = {}
+    for path in summaries:
+        for s in parse_ascend_csv(path, OP_SUMMARY):
+            key = case_match_key(s.kernel_type, s.key[INPUT_SHAPES], s.key[INPUT_DTYPES],
+                                 s.key[INPUT_FORMATS])
+            samples.setdefault(key, []).append(s)
+    out = []
+    for c in cases:
+        key = case_match_key(c.kernel_type, format_shapes(c.input_shapes),
+                             ";".join(c.input_dtypes), ";".join(c.input_formats))
+        found = samples.get(key, [])
+        if not found:
+            out.append(ReplayOutcome(c.case_id, error="no op_summary row of this kernel type "
+                                                      "with these input shapes"))
+            continue
+        timed = found[-settings.repeat_count:]
+        out.append(ReplayOutcome(c.case_id, SampleStats.of([s.duration_us for s in timed])))
+    return out

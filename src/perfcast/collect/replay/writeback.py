@@ -1,0 +1,196 @@
+"""Select rows, replay them on a backend and write the durations back.
+
+Update modes (as in the spec):
+* `all`: replay every selected row;
+* `missing-only`: replay only rows whose `Average Duration(us)` and `Profiling Average
+  Duration(us)` are both invalid (empty or 0); rows with any valid duration are skipped.
+
+Write-back of a replayed row: the `MicroBench ...` columns get the replay statistics; the
+previous `Average Duration(us)` moves to `Profiling Average Duration(us)` (once, when that
+is empty); `Average/Median/Std Duration(us)` and `Count` then describe the replay.
+`--prune-empty-duration-rows` deletes rows whose durations are still both invalid.
+Each CSV is written atomically after all its rows are measured; with `fail_fast` the
+first failure stops the run before the CSV being processed is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfcast.collect.kernel_types import spec_for
+from perfcast.collect.parse.torch_trace import INPUT_STRIDES
+from perfcast.collect.replay.base import ReplayBackend, ReplayCase, ReplayOutcome, ReplaySettings
+from perfcast.collect.tables import (
+    AVG,
+    COUNT,
+    INPUT_DTYPES,
+    INPUT_FORMATS,
+    INPUT_SHAPES,
+    MB_AVG,
+    MB_BACKEND,
+    MB_COUNT,
+    MB_MEDIAN,
+    MB_STD,
+    MEDIAN,
+    MICROBENCH_COLUMNS,
+    PROFILING_AVG,
+    STAT_COLUMNS,
+    STD,
+    KernelTable,
+    format_number,
+    load_database,
+    parse_shapes,
+    split_list,
+    table_key,
+    valid_duration,
+    write_tables,
+)
+from perfcast.core.errors import ConfigError, PerfcastError
+
+UPDATE_MODES = ("all", "missing-only")
+
+
+class ReplayFailed(PerfcastError):
+    """A replay failed and `fail_fast` was set."""
+
+
+@dataclass(frozen=True)
+class RowResult:
+    kernel_type: str
+    row_index: int
+    input_shapes: str
+    outcome: ReplayOutcome
+    profiling_avg_us: float | None
+
+
+@dataclass
+class ReplayRun:
+    database_path: Path
+    backend: str
+    update_mode: str
+    results: list[RowResult] = field(default_factory=list)
+    skipped_valid: int = 0
+    not_replayable_types: list[str] = field(default_factory=list)
+    pruned: int = 0
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def replayed(self) -> list[RowResult]:
+        return [r for r in self.results if r.outcome.ok]
+
+    @property
+    def failed(self) -> list[RowResult]:
+        return [r for r in self.results if not r.outcome.ok]
+
+
+def make_backend(name: str, *, flush_l2: bool = False) -> ReplayBackend:
+    from perfcast.collect.replay.cpu import CpuBackend
+    from perfcast.collect.replay.cuda import CudaBackend
+    from perfcast.collect.replay.npu import NpuBackend
+
+    backends = {"cpu": CpuBackend, "cuda": lambda: CudaBackend(flush_l2=flush_l2),
+                "npu": NpuBackend}
+    if name not in backends:
+        raise ConfigError(f"unknown backend {name!r}", field="--backend",
+                          expected=" | ".join(backends))
+    return backends[name]()
+
+
+def needs_replay(row: dict[str, str], update_mode: str) -> bool:
+    if update_mode == "all":
+        return True
+    return valid_duration(row, AVG) is None and valid_duration(row, PROFILING_AVG) is None
+
+
+def case_for_row(table: KernelTable, index: int) -> ReplayCase | None:
+    spec = spec_for(table.kernel_type)
+    if spec is None:
+        return None
+    row = table.rows[index]
+    src = str(table.path or table.kernel_type)
+    return ReplayCase(
+        case_id=f"{table.kernel_type}#{index}", spec=spec,
+        input_shapes=parse_shapes(row.get(INPUT_SHAPES, ""), source=src, row=index + 2),
+        input_dtypes=split_list(row.get(INPUT_DTYPES, "")),
+        input_formats=split_list(row.get(INPUT_FORMATS, "")),
+        input_strides=parse_shapes(row.get(INPUT_STRIDES, ""), source=src, row=index + 2,
+                                   column=INPUT_STRIDES))
+
+
+def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str) -> None:
+    row = table.rows[index]
+    stats = outcome.stats
+    assert stats is not None
+    table.ensure_columns([PROFILING_AVG], after=AVG)
+    table.ensure_columns(list(STAT_COLUMNS) + list(MICROBENCH_COLUMNS))
+    if not (row.get(PROFILING_AVG) or "").strip() and valid_duration(row, AVG) is not None:
+        row[PROFILING_AVG] = row[AVG]
+    row.update({MB_AVG: format_number(stats.mean_us), MB_MEDIAN: format_number(stats.median_us),
+                MB_STD: format_number(stats.std_us), MB_COUNT: str(stats.count),
+                MB_BACKEND: backend, AVG: format_number(stats.mean_us),
+                MEDIAN: format_number(stats.median_us), STD: format_number(stats.std_us),
+                COUNT: str(stats.count)})
+
+
+def replay_database(database_path: Path, backend: ReplayBackend, *,
+                    ops: Sequence[str] = (), update_mode: str = "all",
+                    settings: ReplaySettings | None = None, fail_fast: bool = False,
+                    prune_empty_duration_rows: bool = False, max_rows: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> ReplayRun:
+    """Replay rows of every CSV (or of the kernel types in `ops`) and write them back.
+    `max_rows` > 0 caps the replayed rows per CSV (first rows in file order)."""
+    if update_mode not in UPDATE_MODES:
+        raise ConfigError(f"unknown update mode {update_mode!r}", field="--update-mode",
+                          expected=" | ".join(UPDATE_MODES))
+    reason = backend.unavailable_reason()
+    if reason:
+        raise ConfigError(f"backend {backend.name} cannot run here: {reason}", field="--backend")
+    settings = settings or ReplaySettings()
+    tables = load_database(Path(database_path))
+    ops = [table_key(o) for o in ops]
+    unknown = [o for o in ops if o not in tables]
+    if unknown:
+        raise ConfigError(f"no CSV for kernel type(s) {', '.join(unknown)}",
+                          source=str(database_path), field="--ops",
+                          expected="kernel types with a {KernelType}.csv in the database")
+    run = ReplayRun(Path(database_path), backend.name, update_mode)
+    selected = [tables[o] for o in ops] if ops else [t for k, t in tables.items()
+                                                     if not k.startswith("hcom_")]
+    plan: list[tuple[KernelTable, list[int]]] = []
+    for table in selected:
+        if spec_for(table.kernel_type) is None:
+            run.not_replayable_types.append(table.kernel_type)
+            continue
+        rows = [i for i, r in enumerate(table.rows) if needs_replay(r, update_mode)]
+        run.skipped_valid += len(table.rows) - len(rows)
+        if max_rows:
+            rows = rows[:max_rows]
+        plan.append((table, rows))
+    total = sum(len(rows) for _, rows in plan)
+    done = 0
+    for table, rows in plan:
+        cases = [case_for_row(table, i) for i in rows]
+        outcomes = []
+        for case in cases:  # one at a time: progress and fail-fast act per row
+            outcome = backend.measure([case], settings)[0]
+            outcomes.append(outcome)
+            done += 1
+            if progress:
+                progress(done, total)
+            if not outcome.ok and fail_fast:
+                raise ReplayFailed(f"{case.case_id} ({table.path}): {outcome.error}")
+        for i, outcome in zip(rows, outcomes):
+            prof = valid_duration(table.rows[i], PROFILING_AVG) or valid_duration(table.rows[i], AVG)
+            run.results.append(RowResult(table.kernel_type, i, table.rows[i].get(INPUT_SHAPES, ""),
+                                         outcome, prof))
+            if outcome.ok:
+                apply_outcome(table, i, outcome, backend.name)
+        if prune_empty_duration_rows:
+            before = len(table.rows)
+            table.rows = [r for r in table.rows if not needs_replay(r, "missing-only")]
+            run.pruned += before - len(table.rows)
+        if rows or prune_empty_duration_rows:
+            run.written += write_tables([table])
+    return run
