@@ -1,0 +1,101 @@
+"""MoE and collective queries against the AIConfigurator fixture slices: weight format
+(fp8_block, mxfp4) as the tables' dtype, one kernel per (operation, dtype), bf16
+collectives from NCCL's fp16 rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from perfcast.core.frozen import FrozenDict
+from perfcast.evidence.contracts import CostQuery, CostSubject
+from perfcast.evidence.queries import query_for_task
+from perfcast.hardware import load_system
+from perfcast.serving.evidence import evidence_loader
+from perfcast.serving.evidence_view import evidence_dtype
+from perfcast.serving.step_cost import serving_resolver
+from perfcast.workload import Batch, ParallelPlan, load_model_spec
+from perfcast.workload.build import build_task_graph
+from perfcast.workload.tensors import TensorSpec
+
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator"
+H100 = ROOT / "h100_sxm"
+
+
+def rows(rel: str, **eq) -> list[dict]:
+    data = pq.read_table(H100 / rel).to_pylist()
+    return [r for r in data if all(r[k] == v for k, v in eq.items())]
+
+
+def moe_resolution(model: str, backend: str, version: str, plan: ParallelPlan, decode: int):
+    ev = evidence_loader(ROOT)("h100_sxm", backend, version)
+    system = load_system("h100_sxm")
+    resolver = serving_resolver(system, ev.providers)
+    graph = build_task_graph(load_model_spec(model), plan, Batch.decode(decode, 1000))
+    task = next(t for t in graph.tasks if t.operation == "moe")
+    query = query_for_task(task, system.name, ev.context)
+    return query, resolver.resolve(query).estimate
+
+
+def test_weight_format_is_the_tables_dtype():
+    def q(op, dtype, weight):
+        return CostQuery(subject=CostSubject.OPERATOR, operation=op, hardware="h100_sxm",
+                         dtype=dtype, inputs=(TensorSpec((8, 64), "bf16"),
+                                              TensorSpec((64, 64), weight)))
+    assert evidence_dtype(q("moe", "fp8", "fp8_block")) == "fp8_block"
+    assert evidence_dtype(q("gemm", "fp8", "fp8")) == "fp8"
+    assert evidence_dtype(q("moe", "bf16", "mxfp4")) == "mxfp4"   # w4a16: math in bf16
+    assert evidence_dtype(q("gemm", "bf16", "bf16")) == "bf16"
+    assert evidence_dtype(q("attention", "bf16", "fp8")) == "bf16"  # not weight-keyed
+
+
+def test_block_scaled_fp8_moe_reads_fp8_block_rows():
+    # Qwen3-235B-A22B-FP8 (128x128 block scales), TP 4 = EP 4, 64 decode tokens: the
+    # module sees all 64 tokens (AIConfigurator num_tokens counts tokens before dispatch)
+    query, est = moe_resolution("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20",
+                                ParallelPlan(tp=4, ep=4), 64)
+    assert query.dims["tokens"] == 64 and query.dims["moe_ep"] == 4
+    block = rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8_block",
+                 num_tokens=64, distribution="balanced")[0]
+    tensor = rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8",
+                  num_tokens=64, distribution="balanced")[0]
+    assert block["latency"] != tensor["latency"]
+    assert est.provider == "database"
+    assert est.latency_s == pytest.approx(block["latency"] * 1e-3, rel=1e-9)
+    assert any("fp8_block" in a for a in est.assumptions)
+
+
+def test_one_moe_kernel_per_dtype():
+    ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.24.0")
+    mx = rows("moe/vllm/0.24.0/moe_perf.parquet", moe_dtype="w4a16_mxfp4")
+    bf = rows("moe/vllm/0.24.0/moe_perf.parquet", moe_dtype="bfloat16")
+    assert ev.context.implementation_for("moe", "mxfp4") == mx[0]["kernel_source"]
+    assert ev.context.implementation_for("moe", "bf16") == bf[0]["kernel_source"]
+    assert mx[0]["kernel_source"] != bf[0]["kernel_source"]
+    # gpt-oss-120b experts (mxfp4 weights, bf16 math) on one GPU, 8 decode tokens
+    query, est = moe_resolution("openai/gpt-oss-120b", "vllm", "0.24.0", ParallelPlan(), 8)
+    assert query.dtype == "bf16"
+    row = [r for r in mx if r["num_tokens"] == 8 and r["distribution"] == "balanced"][0]
+    assert est.provider == "database"
+    assert est.latency_s == pytest.approx(row["latency"] * 1e-3, rel=1e-9)
+
+
+def test_bf16_collective_reads_nccl_half_rows():
+    ev = evidence_loader(ROOT)("h100_sxm", "trtllm", "1.3.0rc20")
+    half = rows("comm/nccl/2.27.3/nccl_perf.parquet", op_name="all_gather", nccl_dtype="half",
+                num_gpus=4)
+    size = half[3]["message_size"]
+    same = [r["latency"] for r in half if r["message_size"] == size]  # repeated runs: mean
+    system = load_system("h100_sxm")
+    dims = {"message_bytes": size * 2, "participants": 4,   # 2 bytes per bf16/fp16 element
+            **dict(ev.context.operation_dimensions["all_gather"])}  # the nccl_version
+    query = CostQuery(subject=CostSubject.COMMUNICATION, operation="all_gather",
+                      hardware=system.name, dtype="bf16", engine="network",
+                      message_bytes=size * 2, participants=4, dims=FrozenDict(dims),
+                      context=ev.context)
+    est = serving_resolver(system, ev.providers).resolve(query).estimate
+    assert est.provider == "database"
+    assert est.latency_s == pytest.approx(sum(same) / len(same) * 1e-3, rel=1e-9)
+    assert any("fp16 rows of the same message bytes" in a for a in est.assumptions)
