@@ -14,7 +14,7 @@ from perfcast.evidence.contracts import CostQuery, CostSubject
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
 from perfcast.serving.evidence import evidence_loader
-from perfcast.serving.evidence_view import evidence_dtype
+from perfcast.serving.evidence_view import balanced_equivalent_tokens, evidence_dtype
 from perfcast.serving.step_cost import serving_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec
 from perfcast.workload.build import build_task_graph
@@ -52,19 +52,41 @@ def test_weight_format_is_the_tables_dtype():
 
 
 def test_block_scaled_fp8_moe_reads_fp8_block_rows():
-    # Qwen3-235B-A22B-FP8 (128x128 block scales), TP 4 = EP 4, 64 decode tokens: the
-    # module sees all 64 tokens (AIConfigurator num_tokens counts tokens before dispatch)
+    # Qwen3-235B-A22B-FP8 (128x128 block scales), TP 4 = EP 4, one decode token (one
+    # token activates top-k experts under any routing, so the table row is read as is)
     query, est = moe_resolution("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20",
-                                ParallelPlan(tp=4, ep=4), 64)
-    assert query.dims["tokens"] == 64 and query.dims["moe_ep"] == 4
+                                ParallelPlan(tp=4, ep=4), 1)
+    assert query.dims["tokens"] == 1 and query.dims["moe_ep"] == 4
     block = rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8_block",
-                 num_tokens=64, distribution="balanced")[0]
+                 num_tokens=1, distribution="balanced")[0]
     tensor = rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8",
-                  num_tokens=64, distribution="balanced")[0]
+                  num_tokens=1, distribution="balanced")[0]
     assert block["latency"] != tensor["latency"]
     assert est.provider == "database"
     assert est.latency_s == pytest.approx(block["latency"] * 1e-3, rel=1e-9)
     assert any("fp8_block" in a for a in est.assumptions)
+
+
+def test_balanced_equivalent_tokens_by_hand():
+    # top-8 of 128: T=16 random tokens activate 128 * (1 - (15/16)^16) = 82.43 experts,
+    # which the table's spread routing reaches with 82.43 / 8 = 10.30 tokens
+    assert balanced_equivalent_tokens(16, 8, 128) == pytest.approx(10.30, abs=0.01)
+    assert balanced_equivalent_tokens(1, 8, 128) == pytest.approx(1.0)
+    assert balanced_equivalent_tokens(4096, 8, 128) == pytest.approx(4096)   # all active
+    ts = [balanced_equivalent_tokens(t, 8, 128) for t in range(1, 300)]
+    assert all(b > a for a, b in zip(ts, ts[1:]))                           # monotone
+    assert all(t <= n for t, n in zip(ts, range(1, 300)))
+
+
+def test_moe_table_read_at_equal_active_experts():
+    # 16 decode tokens: the balanced row at 16 tokens reads all 32 local experts of an
+    # EP-4 rank; random routing reaches 20.6 of them, as the table does at 10.3 tokens
+    query, est = moe_resolution("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20",
+                                ParallelPlan(tp=4, ep=4), 16)
+    t8, t16 = (rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8_block",
+                    num_tokens=n, distribution="balanced")[0]["latency"] * 1e-3 for n in (8, 16))
+    assert t8 < est.latency_s < (t8 + t16) / 2
+    assert any("10.30 balanced-routing tokens" in a for a in est.assumptions)
 
 
 def test_one_moe_kernel_per_dtype():
@@ -74,10 +96,10 @@ def test_one_moe_kernel_per_dtype():
     assert ev.context.implementation_for("moe", "mxfp4") == mx[0]["kernel_source"]
     assert ev.context.implementation_for("moe", "bf16") == bf[0]["kernel_source"]
     assert mx[0]["kernel_source"] != bf[0]["kernel_source"]
-    # gpt-oss-120b experts (mxfp4 weights, bf16 math) on one GPU, 8 decode tokens
-    query, est = moe_resolution("openai/gpt-oss-120b", "vllm", "0.24.0", ParallelPlan(), 8)
+    # gpt-oss-120b experts (mxfp4 weights, bf16 math) on one GPU, one decode token
+    query, est = moe_resolution("openai/gpt-oss-120b", "vllm", "0.24.0", ParallelPlan(), 1)
     assert query.dtype == "bf16"
-    row = [r for r in mx if r["num_tokens"] == 8 and r["distribution"] == "balanced"][0]
+    row = [r for r in mx if r["num_tokens"] == 1 and r["distribution"] == "balanced"][0]
     assert est.provider == "database"
     assert est.latency_s == pytest.approx(row["latency"] * 1e-3, rel=1e-9)
 

@@ -15,7 +15,17 @@ Two facts the workload's compute dtype does not state but the tables are keyed b
   a collective query missing at one 16-bit float dtype is asked at the other
   (`COLLECTIVE_ALIASES`), and the estimate says so.
 
-`MeasuredView(provider)` applies both in front of a measured provider; its name and
+* **Routing of measured MoE tables.** AIConfigurator's `balanced` rows route token `i`
+  to experts `i + j * ceil(E/k)` (spread evenly), so `T` tokens activate
+  `min(E, T k)` distinct experts. The workload's routing model (each token picks `k`
+  distinct experts at random) activates `E (1 - (1 - k/E)^T)` in expectation, fewer
+  while `T k` is near `E` (Qwen3-235B, 16 tokens: 82 of 128, vs all 128 in the table).
+  At decode sizes a MoE's time is the expert weights it reads, so a `balanced` query
+  is asked at `balanced_equivalent_tokens(T, k, E)`, the token count whose table
+  routing activates the same number of experts with the same routed rows once every
+  expert is active (see that function).
+
+`MeasuredView(provider)` applies these in front of a measured provider; its name and
 revision are the wrapped provider's, so provenance is unchanged.
 """
 
@@ -43,6 +53,34 @@ def evidence_dtype(query: CostQuery) -> str:
     return query.dtype
 
 
+def balanced_equivalent_tokens(tokens: float, topk: int, experts: int) -> float:
+    """Tokens `T'` of a `balanced` table row that activate as many distinct experts as
+    `tokens` routed at random: `T' = T - (min(E, T k) - E (1 - (1 - k/E)^T)) / k`.
+    For `T k <= E` the expert counts match exactly (`T' k` = expected active experts);
+    once the table activates every expert the shortfall `E - active` is removed in
+    token units, so `T' -> T` as the random routing also reaches every expert. T = 1
+    maps to 1 (one token activates `k` experts either way)."""
+    if tokens <= 0 or topk <= 0 or experts <= topk:
+        return tokens
+    active = experts * (1.0 - (1.0 - topk / experts) ** tokens)
+    return tokens - (min(experts, tokens * topk) - active) / topk
+
+
+def _moe_routing_view(query: CostQuery) -> tuple[CostQuery, str]:
+    dims = query.dims
+    t, k, e = dims.get("tokens"), dims.get("topk"), dims.get("num_experts")
+    if dims.get("distribution") != "balanced" or not all(
+            isinstance(v, int) for v in (t, k, e)):
+        return query, ""
+    eq = balanced_equivalent_tokens(t, k, e)
+    if abs(eq - t) < 1e-9:
+        return query, ""
+    value = int(round(eq)) if abs(eq - round(eq)) < 1e-9 else eq
+    return (replace(query, dims=dims.replace(tokens=value)),
+            f"moe table read at {eq:.2f} balanced-routing tokens: as many distinct experts "
+            f"as {t} tokens routed at random (top-{k} of {e})")
+
+
 class MeasuredView:
     """A measured provider asked in the tables' terms (see the module doc)."""
 
@@ -54,8 +92,12 @@ class MeasuredView:
     def _queries(self, query: CostQuery) -> list[tuple[CostQuery, str]]:
         dtype = evidence_dtype(query)
         first = query if dtype == query.dtype else replace(query, dtype=dtype)
-        out = [(first, "" if first is query else
-                f"{query.operation} asked at its weight format {dtype} (compute {query.dtype})")]
+        notes = [] if first is query else [
+            f"{query.operation} asked at its weight format {dtype} (compute {query.dtype})"]
+        if query.operation == "moe":
+            first, note = _moe_routing_view(first)
+            notes += [note] if note else []
+        out = [(first, "; ".join(notes))]
         alias = COLLECTIVE_ALIASES.get(query.dtype)
         if query.subject is CostSubject.COMMUNICATION and alias:
             out.append((replace(query, dtype=alias),
