@@ -121,3 +121,30 @@ def test_bf16_collective_reads_nccl_half_rows():
     assert est.provider == "database"
     assert est.latency_s == pytest.approx(sum(same) / len(same) * 1e-3, rel=1e-9)
     assert any("fp16 rows of the same message bytes" in a for a in est.assumptions)
+
+
+def resolve_group(model, backend, version, plan, decode, group):
+    ev = evidence_loader(ROOT)("h100_sxm", backend, version)
+    system = load_system("h100_sxm")
+    resolver = serving_resolver(system, ev.providers)
+    graph = build_task_graph(load_model_spec(model), plan, Batch.decode(decode, 1000))
+    task = next(t for t in graph.tasks if t.group == group)
+    return resolver.resolve(query_for_task(task, system.name, ev.context)).estimate
+
+
+def test_measured_moe_module_covers_permute_and_unpermute():
+    # the trtllm 1.3.0rc20 slice measures Qwen3-235B's MoE module at EP 4: its permute
+    # and unpermute are timed inside it, declared zero and attributed to its records
+    args = ("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20", ParallelPlan(tp=4, ep=4), 1)
+    module = resolve_group(*args, "moe.experts")
+    for group in ("moe.permute", "moe.unpermute"):
+        est = resolve_group(*args, group)
+        assert est.latency_s == 0.0 and est.match_kind.value == "declared"
+        assert est.raw_record_ids == module.raw_record_ids
+        assert "inside the measured moe module" in est.assumptions[0]
+    assert resolve_group(*args, "moe.gating").provider == "roofline"   # not declared covered
+    # EP 8 is not in the slice: the module falls to the roofline, permute keeps its cost
+    ep8 = ("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20", ParallelPlan(tp=8, ep=8), 1)
+    assert resolve_group(*ep8, "moe.experts").provider == "roofline"
+    permute = resolve_group(*ep8, "moe.permute")
+    assert permute.provider == "roofline" and permute.latency_s > 0

@@ -25,6 +25,17 @@ Two facts the workload's compute dtype does not state but the tables are keyed b
   routing activates the same number of experts with the same routed rows once every
   expert is active (see that function).
 
+* **What a measured module covers.** A `moe_perf` row times the whole fused MoE module
+  (AIConfigurator runs the runtime's fused-MoE forward on `[num_tokens, hidden]`):
+  activation quantisation, permute (sorting rows by expert), grouped GEMMs, activation
+  and the top-k weighted unpermute. The workload emits permute and unpermute as their
+  own tasks, tagged with the module's axes (`module = moe`, `module.*`); when the
+  module itself is measured for this deployment, those tasks are answered with a
+  declared zero that names the module's records (`MODULE_COVERS`), so nothing is
+  counted twice; when it is not, they keep their own cost. Top-k gating is not
+  declared covered (vLLM's collector passes precomputed top-k ids), nor the router
+  GEMM or any dispatch/combine collective, which no collector times.
+
 `MeasuredView(provider)` applies these in front of a measured provider; its name and
 revision are the wrapped provider's, so provenance is unchanged.
 """
@@ -34,22 +45,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfcast.core.dtypes import DType, dtype_bytes
-from perfcast.evidence.contracts import CostQuery, CostSubject, Miss
+from perfcast.core.frozen import FrozenDict
+from perfcast.evidence.contracts import CostEstimate, CostQuery, CostSubject, MatchKind, Miss
+from perfcast.workload.tensors import TensorSpec
 
 WEIGHT_KEYED = frozenset({"gemm", "moe"})
+# measured module operation -> the workload operations its rows already include
+MODULE_COVERS = {"moe": frozenset({"moe_permute", "moe_unpermute"})}
 COLLECTIVE_ALIASES = {"bf16": "fp16", "fp16": "bf16"}
 _UNQUANTISED = frozenset({DType.FP32, DType.TF32, DType.BF16, DType.FP16})
+
+
+def _quantised(dtype: str) -> bool | None:
+    """True for a sub-16-bit weight format, None when the dtype is unknown."""
+    try:
+        d = DType(dtype)
+    except ValueError:
+        return None
+    return d not in _UNQUANTISED and dtype_bytes(d) < 2
 
 
 def evidence_dtype(query: CostQuery) -> str:
     """The dtype measured tables key this query by (see the module doc)."""
     if query.operation in WEIGHT_KEYED and len(query.inputs) > 1:
-        try:
-            weight = DType(query.inputs[1].dtype)
-        except ValueError:
-            return query.dtype
-        if weight not in _UNQUANTISED and dtype_bytes(weight) < 2:
-            return weight.value
+        weight = query.inputs[1].dtype
+        if _quantised(weight):
+            return DType(weight).value
     return query.dtype
 
 
@@ -106,6 +127,9 @@ class MeasuredView:
         return out
 
     def supports(self, query: CostQuery):
+        module_query = self._module_query(query)
+        if module_query is not None:
+            return self.supports(module_query)
         answer = None
         for q, _ in self._queries(query):
             answer = self.inner.supports(q)
@@ -113,7 +137,41 @@ class MeasuredView:
                 return True
         return answer
 
+    def _module_query(self, query: CostQuery) -> CostQuery | None:
+        module = query.dims.get("module")
+        if not isinstance(module, str) or query.operation not in MODULE_COVERS.get(module, ()):
+            return None
+        prefix = "module."
+        dims = {k[len(prefix):]: v for k, v in query.dims.items() if k.startswith(prefix)}
+        weight, act = dims.pop("weight_dtype", ""), dims.pop("act_dtype", "")
+        if not weight or not act:
+            return None
+        # the module's math dtype: its activations' when the weights are quantised
+        # (fp8_block x fp8 -> fp8, mxfp4 x bf16 -> bf16), else the weights'
+        compute = str(weight) if _quantised(str(weight)) is False else str(act)
+        return CostQuery(subject=CostSubject.OPERATOR, operation=module,
+                         hardware=query.hardware, dtype=compute, engine="matrix",
+                         dims=FrozenDict(dims), context=query.context,
+                         inputs=(TensorSpec((1, 1), str(act)), TensorSpec((1, 1), str(weight))))
+
+    def _covered(self, query: CostQuery, module_query: CostQuery):
+        answer = self.estimate(module_query)
+        if isinstance(answer, Miss):
+            return Miss(f"{query.operation}: its {module_query.operation} module is not "
+                        f"measured here ({answer.reason})")
+        return CostEstimate(
+            latency_s=0.0, method=answer.method, match_kind=MatchKind.DECLARED,
+            provider=self.name, provider_revision=self.revision,
+            source_revision=answer.source_revision, raw_record_ids=answer.raw_record_ids,
+            validity=answer.validity, bottleneck="measured",
+            assumptions=(f"{query.operation} is timed inside the measured "
+                         f"{module_query.operation} module (records "
+                         f"{', '.join(answer.raw_record_ids[:2])})",))
+
     def estimate(self, query: CostQuery):
+        module_query = self._module_query(query)
+        if module_query is not None:
+            return self._covered(query, module_query)
         reasons = []
         for q, note in self._queries(query):
             if self.inner.supports(q) is not True:
