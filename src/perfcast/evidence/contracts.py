@@ -57,7 +57,14 @@ class CostQueryContext(Record):
     operation_dimensions: FrozenDict[str, FrozenDict[str, DimValue]] = field(
         default_factory=FrozenDict)  # extra selector dims per operation (e.g. backend)
 
-    def implementation_for(self, operation: str) -> str:
+    def implementation_for(self, operation: str, dtype: str = "") -> str:
+        """The implementation stated for `operation` at `dtype` (key `operation@dtype`),
+        else for the operation, else the context-wide one: a runtime picks its kernel per
+        operation and data type (e.g. a Triton MoE for bf16, a CUTLASS one for fp8)."""
+        if dtype:
+            hit = self.implementations.get(f"{operation}@{dtype}")
+            if hit:
+                return hit
         return self.implementations.get(operation, self.implementation)
 
 

@@ -40,14 +40,14 @@ _FNV_PRIME = 1099511628211
 _CONTEXT_FACTS: dict[tuple[int, str], tuple[object, dict[str, DimValue]]] = {}
 
 
-def _context_facts(ctx, operation: str) -> dict[str, DimValue]:
-    key = (id(ctx), operation)
+def _context_facts(ctx, operation: str, dtype: str = "") -> dict[str, DimValue]:
+    key = (id(ctx), operation, dtype)
     hit = _CONTEXT_FACTS.get(key)
     if hit is not None and hit[0] is ctx:
         return hit[1]
     facts: dict[str, DimValue] = {}
     for name in CONTEXT_KEYS:
-        value = ctx.implementation_for(operation) if name == "implementation" \
+        value = ctx.implementation_for(operation, dtype) if name == "implementation" \
             else getattr(ctx, name)
         if value:
             facts[name] = value
@@ -64,7 +64,7 @@ def query_facts(query: CostQuery) -> dict[str, DimValue]:
     if cached is not None:
         return cached
     facts: dict[str, DimValue] = dict(query.dims)
-    facts.update(_context_facts(query.context, query.operation))
+    facts.update(_context_facts(query.context, query.operation, query.dtype))
     object.__setattr__(query, "_selector_facts", facts)
     return facts
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostQueryContext
+from perfcast.serving.evidence_view import MeasuredView
 
 
 def version_key(text: str) -> tuple:
@@ -124,30 +125,59 @@ def _import(root: Path, system: str, backend: str, version: str,
             continue  # a family without supported tables (e.g. encoder attention)
     if not parts:
         return EMPTY
+    library = communication_library(root / system)
+    if library is not None:
+        parts.append(import_system(library, hardware=sys_obj.name))
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{version}")
     context = CostQueryContext(
         runtime=backend, runtime_revision=version,
         implementations=FrozenDict(implementations(db)),
         operation_dimensions=FrozenDict({op: FrozenDict(d) for op, d in
                                          operation_selectors(db).items()}))
-    providers = tuple(evidence_providers([db], sys_obj, policy))
+    providers = tuple(MeasuredView(p) for p in evidence_providers([db], sys_obj, policy))
     return DeploymentEvidence(providers, context, version)
 
 
+COMMUNICATION_LIBRARY = ("comm", "nccl")
+
+
+def communication_library(system_dir: Path) -> Path | None:
+    """The newest collected NCCL folder (`comm/nccl/<version>`): the collectives a
+    runtime issues outside its own custom all-reduce (all-gather, reduce-scatter,
+    all-to-all, large all-reduces) run on NCCL whatever the serving runtime."""
+    folder = system_dir.joinpath(*COMMUNICATION_LIBRARY)
+    if not folder.is_dir():
+        return None
+    versions = [p.name for p in folder.iterdir() if p.is_dir()]
+    return folder / max(versions, key=version_key) if versions else None
+
+
 def implementations(db) -> dict[str, str]:
-    """Per operation, the kernel implementation with the most measured rows."""
+    """Per operation and per (operation, dtype) (key `operation@dtype`), the kernel
+    implementation with the most measured rows: a runtime runs one kernel per operation
+    and data type (vLLM 0.24: Triton experts for bf16, FlashInfer CUTLASS for fp8, the
+    OAI Triton kernel for mxfp4), so one choice per operation would leave every other
+    dtype's tables unmatched."""
     import collections
 
     table = db.table
     if "sel.str.implementation" not in table.column_names:
         return {}
     counts = collections.Counter(zip(table.column("operation").to_pylist(),
+                                     table.column("dtype").to_pylist(),
                                      table.column("sel.str.implementation").to_pylist()))
     best: dict[str, tuple[int, str]] = {}
-    for (op, impl), n in counts.items():
-        if impl and (op not in best or n > best[op][0]):
+    per_op: collections.Counter = collections.Counter()
+    for (op, dtype, impl), n in counts.items():
+        if impl:
+            per_op[(op, impl)] += n
+            key = f"{op}@{dtype}"
+            if key not in best or (n, impl) > best[key]:
+                best[key] = (n, impl)
+    for (op, impl), n in per_op.items():
+        if op not in best or (n, impl) > best[op]:
             best[op] = (n, impl)
-    return {op: impl for op, (n, impl) in best.items()}
+    return {key: impl for key, (n, impl) in sorted(best.items())}
 
 
 CONTEXT_SELECTORS = ("sel.str.implementation", "sel.str.runtime", "sel.str.runtime_revision")

@@ -386,8 +386,10 @@ class GraphBuilder:
                     flops: float, layers=None, deps=(), weight_params: int = 0,
                     weight_shards: int = 1, count: int | None = None,
                     devices: int | None = None, stage: int = 0, extra: dict | None = None,
-                    extra_bytes_read: float = 0.0, replicas: int = 1) -> str:
-        """A vector-engine op whose cost is its bytes and a few FLOPs per element."""
+                    extra_bytes_read: float = 0.0, replicas: int = 1,
+                    axes: dict | None = None) -> str:
+        """A vector-engine op whose cost is its bytes and a few FLOPs per element.
+        `axes` adds lookup axes to the default `tokens` (output rows) and `numel`."""
         attrs: dict[str, Any] = dict(extra or {})
         if replicas > 1:
             attrs["replicas"] = replicas
@@ -398,14 +400,15 @@ class GraphBuilder:
         read = sum(t.nbytes for t in inputs) + extra_bytes_read
         written = sum(t.nbytes for t in outputs)
         out = outputs[0] if outputs else inputs[0]
-        axes = {"tokens": out.shape[0] if out.shape else 1, "numel": out.numel}
+        all_axes = {"tokens": out.shape[0] if out.shape else 1, "numel": out.numel}
+        all_axes.update(axes or {})
         dt = out.dtype
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=inputs, outputs=outputs,
             work=Work(flops=float(flops), engine=Engine.VECTOR,
                       compute_dtype=dt if dt in ("bf16", "fp16", "fp32") else "fp32",
-                      bytes_read=read, bytes_written=written, axes=FrozenDict(axes)),
+                      bytes_read=read, bytes_written=written, axes=FrozenDict(all_axes)),
             attributes=FrozenDict(attrs),
             **self._common(group, layers, deps, count, devices, stage)))
 

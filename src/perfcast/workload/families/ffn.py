@@ -89,6 +89,13 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
                 "distribution": "balanced" if plan.expert_imbalance == 1.0
                 else f"imbalance_{plan.expert_imbalance:g}"}
 
+    # permute and unpermute run inside a fused MoE module: they carry the module's
+    # identity so measured module evidence can state that it already covers them
+    w_dt, a_dt = b.precision.linear("moe.experts")
+    module_axes = {"module": "moe", "module.weight_dtype": str(w_dt),
+                   "module.act_dtype": str(a_dt),
+                   **{f"module.{name}": v for name, v in moe_axes.items()}}
+
     router_extra = {"bias_params": e} if traits.router_bias else None
     router = b.gemm("moe.router", t_rank, e, h, layers=layers, deps=deps, stage=stage,
                     weight_shards=1, replicas=tp, extra=router_extra)
@@ -115,7 +122,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
         "moe.permute", "tensor_cast.init_routing_v2.default", "moe_permute",
         inputs=(TensorSpec((_ceil(t_src), h), act), TensorSpec((_ceil(t_src), k), "int32")),
         outputs=(TensorSpec((_ceil(src_rows), h), act),), flops=0, layers=layers,
-        deps=(last,), stage=stage, replicas=moe_tp)
+        deps=(last,), stage=stage, replicas=moe_tp, axes=module_axes)
     last = permute
     if mode == "all_to_all":
         disp_dt = b.precision.linear("moe.experts")[1]
@@ -138,7 +145,7 @@ def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], sta
         "moe.unpermute", "tensor_cast.unpermute_tokens.default", "moe_unpermute",
         inputs=(TensorSpec((_ceil(src_rows), h), act),),
         outputs=(TensorSpec((_ceil(t_src), h), act),), flops=2 * src_rows * h,
-        layers=layers, deps=(last,), stage=stage, replicas=moe_tp)
+        layers=layers, deps=(last,), stage=stage, replicas=moe_tp, axes=module_axes)
     last = unpermute
     shared = None
     if spec.shared_inter:
