@@ -85,16 +85,20 @@ def grid_command(
     max_memory_gb: Annotated[float, typer.Option(
         "--max-memory-gb", "--max-hbm-gb", help="per-row tensor budget in GiB; 0 disables")] = 32.0,
     tp_sizes: Annotated[Optional[list[str]], typer.Option("--tp-sizes", help="TP degrees")] = None,
+    ep_sizes: Annotated[Optional[list[str]], typer.Option(
+        "--ep-sizes", help="EP degrees of MoE expert GEMM rows")] = None,
     ops: Annotated[Optional[list[str]], typer.Option("--ops", help="only these kernel types")] = None,
 ) -> None:
     """Append theory shape rows (empty durations) for the target models."""
-    from perfcast.collect.grid import TP_SIZES, generate_grid
+    from perfcast.collect.grid import EP_SIZES, TP_SIZES, generate_grid
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
         tps = tuple(int(t) for t in _split(tp_sizes)) or TP_SIZES
+        eps = tuple(int(t) for t in _split(ep_sizes)) or EP_SIZES
         result = generate_grid(db, _split(target_models), rows=rows, seed=seed,
-                               max_memory_gb=max_memory_gb, tp_sizes=tps, ops=_split(ops))
+                               max_memory_gb=max_memory_gb, tp_sizes=tps, ops=_split(ops),
+                               ep_sizes=eps)
         for ktype, n in sorted(result.appended.items()):
             typer.echo(f"{ktype}: +{n} rows")
         typer.echo(f"appended {sum(result.appended.values())} rows to {len(result.written)} CSV(s)")

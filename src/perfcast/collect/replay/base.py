@@ -23,6 +23,12 @@ class ReplayCase:
     input_dtypes: tuple[str, ...]
     input_formats: tuple[str, ...] = ()
     input_strides: tuple[tuple[int, ...] | None, ...] = ()
+    runtime: tuple[tuple[str, str], ...] = ()  # other key columns (avg_seq_len, EP Size)
+
+    def runtime_value(self, *columns: str) -> str:
+        """The first non-empty value of these runtime columns ("" when none)."""
+        values = dict(self.runtime)
+        return next((values[c] for c in columns if (values.get(c) or "").strip()), "")
 
     @property
     def kernel_type(self) -> str:

@@ -43,7 +43,8 @@ def case_to_json(case: ReplayCase) -> dict:
             "input_shapes": format_shapes(case.input_shapes),
             "input_dtypes": ";".join(case.input_dtypes),
             "input_formats": ";".join(case.input_formats),
-            "input_strides": format_shapes(case.input_strides)}
+            "input_strides": format_shapes(case.input_strides),
+            "launch": case.spec.launch, "runtime": [list(kv) for kv in case.runtime]}
 
 
 def case_match_key(kernel_type: str, shapes: str, dtypes: str, formats: str) -> tuple:

@@ -28,6 +28,7 @@ from perfcast.collect.tables import (
     INPUT_DTYPES,
     INPUT_FORMATS,
     INPUT_SHAPES,
+    KEY_COLUMNS,
     MB_AVG,
     MB_BACKEND,
     MB_COUNT,
@@ -116,7 +117,9 @@ def case_for_row(table: KernelTable, index: int) -> ReplayCase | None:
         input_dtypes=split_list(row.get(INPUT_DTYPES, "")),
         input_formats=split_list(row.get(INPUT_FORMATS, "")),
         input_strides=parse_shapes(row.get(INPUT_STRIDES, ""), source=src, row=index + 2,
-                                   column=INPUT_STRIDES))
+                                   column=INPUT_STRIDES),
+        runtime=tuple((c, row.get(c, "")) for c in table.key_columns()
+                      if c not in KEY_COLUMNS and c != INPUT_STRIDES and (row.get(c) or "").strip()))
 
 
 def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str) -> None:
