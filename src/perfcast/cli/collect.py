@@ -118,26 +118,52 @@ def replay_command(
     backend: Annotated[str, typer.Option("--backend", help="cpu | cuda | npu")] = "cpu",
     flush_l2: Annotated[bool, typer.Option("--flush-l2", help="CUDA: cold L2 before each call")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", help="cap rows per CSV; 0 = all")] = 0,
+    dfc_ep_size: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-ep-size",
+        help="EP size for DispatchFFNCombine replay and row matching")] = 16,
+    dfc_nproc: Annotated[Optional[int], typer.Option(
+        "--dispatch-ffn-combine-nproc-per-node",
+        help="torchrun processes per node for DispatchFFNCombine (default: EP size / nnodes)")] = None,
+    dfc_nnodes: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-nnodes", help="torchrun nodes for DispatchFFNCombine")] = 1,
+    dfc_node_rank: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-node-rank", help="torchrun rank of this node")] = 0,
+    dfc_master_addr: Annotated[str, typer.Option(
+        "--dispatch-ffn-combine-master-addr", help="torchrun master address")] = "127.0.0.1",
+    dfc_master_port: Annotated[Optional[int], typer.Option(
+        "--dispatch-ffn-combine-master-port", help="torchrun master port")] = None,
 ) -> None:
     """Re-measure rows as microbenchmarks and write the durations back, with a report."""
     from rich.progress import Progress
 
-    from perfcast.collect.replay import ReplaySettings, make_backend, replay_database
+    from perfcast.collect.replay import (
+        DistributedLaunch,
+        ReplaySettings,
+        make_backend,
+        replay_database,
+    )
     from perfcast.collect.report import write_reports
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
         settings = ReplaySettings(repeat_count=repeat_count, warmup=warmup)
+        launch = DistributedLaunch(ep_size=dfc_ep_size, nproc_per_node=dfc_nproc,
+                                   nnodes=dfc_nnodes, node_rank=dfc_node_rank,
+                                   master_addr=dfc_master_addr, master_port=dfc_master_port)
         with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
             task = bar.add_task("replaying", total=None)
-            run = replay_database(db, make_backend(backend, flush_l2=flush_l2), ops=_split(ops),
-                                  update_mode=update_mode, settings=settings, fail_fast=fail_fast,
+            run = replay_database(db, make_backend(backend, flush_l2=flush_l2, launch=launch),
+                                  ops=_split(ops), ep_size=dfc_ep_size,
+                                  update_mode=update_mode, settings=settings,
+                                  fail_fast=fail_fast,
                                   prune_empty_duration_rows=prune, max_rows=max_rows,
                                   progress=lambda done, total: bar.update(task, completed=done,
                                                                           total=total))
         md, _ = write_reports(run)
         typer.echo(f"replayed {len(run.replayed)} rows, {len(run.failed)} failed, "
-                   f"{run.skipped_valid} skipped; report {md}")
+                   f"{run.skipped_valid} skipped"
+                   + (f", {run.skipped_other_ep} of another EP size" if run.skipped_other_ep
+                      else "") + f"; report {md}")
 
 
 @app.command("comm")

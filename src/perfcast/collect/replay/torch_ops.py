@@ -204,6 +204,9 @@ def resolve_callable(name: str) -> Callable[..., Any]:
 
 def build_call(case: ReplayCase, device: str) -> Callable[[], Any]:
     """A zero-argument closure that runs the case once on `device`."""
+    if case.spec.launch and device != "npu":
+        raise NotReplayable(f"{case.kernel_type} runs over an EP group ({case.spec.launch}); "
+                            "replay it with --backend npu")
     if case.spec.replay in CASE_REPLAYS:
         call = CASE_REPLAYS[case.spec.replay](case, make_slot_inputs(case, device))
         return _validated(call)

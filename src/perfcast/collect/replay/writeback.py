@@ -9,6 +9,9 @@ Write-back of a replayed row: the `MicroBench ...` columns get the replay statis
 previous `Average Duration(us)` moves to `Profiling Average Duration(us)` (once, when that
 is empty); `Average/Median/Std Duration(us)` and `Count` then describe the replay.
 `--prune-empty-duration-rows` deletes rows whose durations are still both invalid.
+Rows of a kernel type launched over an EP group (`launch: torchrun`, DispatchFFNCombine)
+whose CSV has an `EP Size` column are replayed only when it equals the launch's EP size
+(`--dispatch-ffn-combine-ep-size`); the others are counted as `skipped_other_ep`.
 Each CSV is written atomically after all its rows are measured; with `fail_fast` the
 first failure stops the run before the CSV being processed is written.
 """
@@ -21,7 +24,13 @@ from pathlib import Path
 
 from perfcast.collect.kernel_types import spec_for
 from perfcast.collect.parse.torch_trace import INPUT_STRIDES
-from perfcast.collect.replay.base import ReplayBackend, ReplayCase, ReplayOutcome, ReplaySettings
+from perfcast.collect.replay.base import (
+    DistributedLaunch,
+    ReplayBackend,
+    ReplayCase,
+    ReplayOutcome,
+    ReplaySettings,
+)
 from perfcast.collect.tables import (
     AVG,
     COUNT,
@@ -49,6 +58,7 @@ from perfcast.collect.tables import (
     write_tables,
 )
 from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.evidence.profiling.query_paths.moe import EP_COLUMN
 
 UPDATE_MODES = ("all", "missing-only")
 
@@ -73,6 +83,7 @@ class ReplayRun:
     update_mode: str
     results: list[RowResult] = field(default_factory=list)
     skipped_valid: int = 0
+    skipped_other_ep: int = 0
     not_replayable_types: list[str] = field(default_factory=list)
     pruned: int = 0
     written: list[Path] = field(default_factory=list)
@@ -86,13 +97,14 @@ class ReplayRun:
         return [r for r in self.results if not r.outcome.ok]
 
 
-def make_backend(name: str, *, flush_l2: bool = False) -> ReplayBackend:
+def make_backend(name: str, *, flush_l2: bool = False,
+                 launch: DistributedLaunch | None = None) -> ReplayBackend:
     from perfcast.collect.replay.cpu import CpuBackend
     from perfcast.collect.replay.cuda import CudaBackend
     from perfcast.collect.replay.npu import NpuBackend
 
     backends = {"cpu": CpuBackend, "cuda": lambda: CudaBackend(flush_l2=flush_l2),
-                "npu": NpuBackend}
+                "npu": lambda: NpuBackend(launch=launch)}
     if name not in backends:
         raise ConfigError(f"unknown backend {name!r}", field="--backend",
                           expected=" | ".join(backends))
@@ -137,13 +149,23 @@ def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backen
                 COUNT: str(stats.count)})
 
 
+def _ep_of(row: dict[str, str]) -> int | None:
+    try:
+        return int(float((row.get(EP_COLUMN) or "").strip()))
+    except ValueError:
+        return None
+
+
 def replay_database(database_path: Path, backend: ReplayBackend, *,
                     ops: Sequence[str] = (), update_mode: str = "all",
                     settings: ReplaySettings | None = None, fail_fast: bool = False,
                     prune_empty_duration_rows: bool = False, max_rows: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> ReplayRun:
+                    progress: Callable[[int, int], None] | None = None,
+                    ep_size: int | None = None) -> ReplayRun:
     """Replay rows of every CSV (or of the kernel types in `ops`) and write them back.
-    `max_rows` > 0 caps the replayed rows per CSV (first rows in file order)."""
+    `max_rows` > 0 caps the replayed rows per CSV (first rows in file order); `ep_size`
+    selects the `EP Size` rows of EP-group kernel types (default: the backend's launch
+    EP size, else every row)."""
     if update_mode not in UPDATE_MODES:
         raise ConfigError(f"unknown update mode {update_mode!r}", field="--update-mode",
                           expected=" | ".join(UPDATE_MODES))
@@ -159,6 +181,9 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
                           source=str(database_path), field="--ops",
                           expected="kernel types with a {KernelType}.csv in the database")
     run = ReplayRun(Path(database_path), backend.name, update_mode)
+    if ep_size is None:
+        launch = getattr(backend, "launch", None)
+        ep_size = launch.ep_size if launch is not None else None
     selected = [tables[o] for o in ops] if ops else [t for k, t in tables.items()
                                                      if not k.startswith("hcom_")]
     plan: list[tuple[KernelTable, list[int]]] = []
@@ -166,8 +191,12 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
         if spec_for(table.kernel_type) is None:
             run.not_replayable_types.append(table.kernel_type)
             continue
-        rows = [i for i, r in enumerate(table.rows) if needs_replay(r, update_mode)]
-        run.skipped_valid += len(table.rows) - len(rows)
+        candidates = range(len(table.rows))
+        if spec_for(table.kernel_type).launch and EP_COLUMN in table.header and ep_size:
+            candidates = [i for i in candidates if _ep_of(table.rows[i]) == ep_size]
+            run.skipped_other_ep += len(table.rows) - len(candidates)
+        rows = [i for i in candidates if needs_replay(table.rows[i], update_mode)]
+        run.skipped_valid += len(candidates) - len(rows)
         if max_rows:
             rows = rows[:max_rows]
         plan.append((table, rows))
