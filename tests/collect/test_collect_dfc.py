@@ -120,3 +120,46 @@ def test_cli_replay_takes_the_dispatch_ffn_combine_flags(dfc_db):
     bad = CliRunner().invoke(app, ["collect", "replay", "--database-path", str(dfc_db),
                                    "--dispatch-ffn-combine-nproc-per-node", "3"])
     assert bad.exit_code != 0 and "--dispatch-ffn-combine-nproc-per-node" in bad.output
+
+
+class ProfilingBackend(RecordingBackend):
+    """Like the NPU backend: reports samples that matched no row after measuring."""
+
+    def __init__(self, unmatched):
+        super().__init__()
+        self.unmatched = unmatched
+
+    def take_unmatched(self, kernel_type):
+        mine = [s for s in self.unmatched if s.kernel_type == kernel_type]
+        self.unmatched = [s for s in self.unmatched if s.kernel_type != kernel_type]
+        return mine
+
+
+def test_unmatched_profiled_samples_are_captured_and_appended_in_all_mode(tmp_path, dfc_db):
+    # rank 0 ran the row's shape and, once, another shape (48 tokens) twice
+    d = tmp_path / "prof" / "PROF_0"
+    d.mkdir(parents=True)
+    lines = [OP_SUMMARY_HEADER] + [
+        f'0,aclnnDispatchFFNCombineBF16,DispatchFFNCombine,dynamic,MIX_AIC,{i * 1000},{us},0,24,'
+        f'"{t},7168;{t},8",DT_BF16;INT32,ND;ND,"{t},7168",DT_BF16,ND'
+        for i, (t, us) in enumerate(((16, 100), (48, 200), (48, 220), (16, 110)))]
+    (d / "op_summary_0.csv").write_text("\n".join(lines) + "\n")
+    case = ReplayCase("DispatchFFNCombine#0", spec_for("DispatchFFNCombine"),
+                      parse_shapes("16,7168;16,8"), split_list("DT_BF16;INT32"),
+                      split_list("ND;ND"))
+    unmatched = []
+    [out] = outcomes_from_profile([case], tmp_path / "prof", ReplaySettings(repeat_count=2),
+                                  unmatched)
+    assert out.stats.mean_us == pytest.approx(105.0)
+    assert [s.duration_us for s in unmatched] == [200, 220]
+
+    backend = ProfilingBackend(unmatched)
+    run = replay_database(dfc_db, backend, update_mode="all", ep_size=16)
+    rows = read_table(dfc_db / "DispatchFFNCombine.csv").rows
+    assert run.appended == 1 and len(rows) == 4
+    assert (rows[3]["Input Shapes"], rows[3]["EP Size"], rows[3]["Average Duration(us)"],
+            rows[3]["MicroBench Count"], rows[3]["MicroBench Backend"]) == \
+        ("48,7168;48,8", "16", "210", "2", "recording")
+    # missing-only never appends
+    backend = ProfilingBackend(list(unmatched))
+    assert replay_database(dfc_db, backend, update_mode="missing-only").appended == 0

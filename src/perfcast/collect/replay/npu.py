@@ -70,6 +70,7 @@ class NpuBackend:
                  output_dir: Path | None = None, aic_metrics: str = "PipeUtilization",
                  launch: DistributedLaunch | None = None) -> None:
         self.launch = launch or DistributedLaunch()
+        self.unmatched: list[KernelSample] = []   # see outcomes_from_profile
         self.msprof = msprof
         self.python = python
         self.output_dir = Path(output_dir) if output_dir else None
@@ -94,6 +95,12 @@ class NpuBackend:
         return [self.msprof, f"--output={output_dir}", f"--aic-metrics={self.aic_metrics}",
                 f"--application={app}"]
 
+    def take_unmatched(self, kernel_type: str) -> list[KernelSample]:
+        """Profiled samples of `kernel_type` that matched no replayed row (and forget them)."""
+        mine = [s for s in self.unmatched if s.kernel_type == kernel_type]
+        self.unmatched = [s for s in self.unmatched if s.kernel_type != kernel_type]
+        return mine
+
     def measure(self, cases: Sequence[ReplayCase], settings: ReplaySettings) -> list[ReplayOutcome]:
         reason = self.unavailable_reason()
         if reason:
@@ -115,7 +122,8 @@ class NpuBackend:
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
                 raise RuntimeError(f"msprof exited with {proc.returncode}: " + " | ".join(tail))
-            by_id.update((o.case_id, o) for o in outcomes_from_profile(group, out_dir, settings))
+            by_id.update((o.case_id, o) for o in outcomes_from_profile(
+                group, out_dir, settings, self.unmatched))
         return [by_id[c.case_id] for c in cases]
 
 
@@ -125,8 +133,11 @@ def find_op_summaries(output_dir: Path) -> list[Path]:
 
 
 def outcomes_from_profile(cases: Sequence[ReplayCase], output_dir: Path,
-                          settings: ReplaySettings) -> list[ReplayOutcome]:
-    """Match msprof op_summary samples back to the cases that launched them."""
+                          settings: ReplaySettings,
+                          unmatched: list[KernelSample] | None = None) -> list[ReplayOutcome]:
+    """Match msprof op_summary samples back to the cases that launched them. Samples of
+    the cases' kernel types that match no case (the device ran the kernel with other
+    shapes or formats than the row recorded) are added to `unmatched` when given."""
     summaries = find_op_summaries(output_dir)
     if not summaries:
         return [ReplayOutcome(c.case_id, error=f"no op_summary CSV under {output_dir}")
@@ -150,4 +161,11 @@ def outcomes_from_profile(cases: Sequence[ReplayCase], output_dir: Path,
                                                       "with these input shapes"))
             continue
         out.append(ReplayOutcome(c.case_id, SampleStats.of([s.duration_us for s in timed])))
+    if unmatched is not None:
+        wanted = {case_match_key(c.kernel_type, format_shapes(c.input_shapes),
+                                 ";".join(c.input_dtypes), ";".join(c.input_formats))
+                  for c in cases}
+        types = {c.kernel_type for c in cases}
+        unmatched += [s for samples in per_file for key, found in samples.items()
+                      if key not in wanted and key[0] in types for s in found]
     return out

@@ -1,7 +1,9 @@
 """Select rows, replay them on a backend and write the durations back.
 
 Update modes (as in the spec):
-* `all`: replay every selected row;
+* `all`: replay every selected row, and append the profiled samples of the replayed
+  kernel type that matched no row (backends that profile, i.e. NPU: the device ran the
+  kernel with other shapes or formats than recorded) as new rows of that CSV;
 * `missing-only`: replay only rows whose `Average Duration(us)` and `Profiling Average
   Duration(us)` are both invalid (empty or 0); rows with any valid duration are skipped.
 
@@ -86,6 +88,7 @@ class ReplayRun:
     skipped_other_ep: int = 0
     not_replayable_types: list[str] = field(default_factory=list)
     pruned: int = 0
+    appended: int = 0            # rows added from unmatched profiled samples (all mode)
     written: list[Path] = field(default_factory=list)
 
     @property
@@ -147,6 +150,33 @@ def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backen
                 MB_BACKEND: backend, AVG: format_number(stats.mean_us),
                 MEDIAN: format_number(stats.median_us), STD: format_number(stats.std_us),
                 COUNT: str(stats.count)})
+
+
+def append_samples(table: KernelTable, samples: list, backend: str,
+                   cells: dict[str, str] | None = None) -> int:
+    """Aggregate profiled samples into rows (as `collect parse` does) and append those
+    whose key the table lacks, with their statistics as the MicroBench columns; `cells`
+    fills key columns the samples do not carry (the `EP Size` of an EP-group replay)."""
+    from perfcast.collect.parse.samples import aggregate
+
+    if not samples:
+        return 0
+    new = aggregate(samples).get(table.kernel_type)
+    if new is None:
+        return 0
+    table.ensure_columns([c for c in new.header if c not in STAT_COLUMNS])
+    table.ensure_columns(list(STAT_COLUMNS) + list(MICROBENCH_COLUMNS))
+    have = {table.key_of(r) for r in table.rows}
+    added = 0
+    for row in new.rows:
+        row.update(cells or {})
+        if table.key_of(row) in have:
+            continue
+        row.update({MB_AVG: row[AVG], MB_MEDIAN: row[MEDIAN], MB_STD: row[STD],
+                    MB_COUNT: row[COUNT], MB_BACKEND: backend})
+        table.rows.append(row)
+        added += 1
+    return added
 
 
 def _ep_of(row: dict[str, str]) -> int | None:
@@ -219,10 +249,17 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
                                          outcome, prof))
             if outcome.ok:
                 apply_outcome(table, i, outcome, backend.name)
+        added = 0
+        if update_mode == "all" and hasattr(backend, "take_unmatched"):
+            ep_cells = ({EP_COLUMN: str(ep_size)} if ep_size and EP_COLUMN in table.header
+                        and spec_for(table.kernel_type).launch else {})
+            added = append_samples(table, backend.take_unmatched(table.kernel_type), backend.name,
+                                   ep_cells)
+            run.appended += added
         if prune_empty_duration_rows:
             before = len(table.rows)
             table.rows = [r for r in table.rows if not needs_replay(r, "missing-only")]
             run.pruned += before - len(table.rows)
-        if rows or prune_empty_duration_rows:
+        if rows or prune_empty_duration_rows or added:
             run.written += write_tables([table])
     return run
