@@ -198,3 +198,16 @@ def test_fia_rows_import_with_kv_len_from_avg_seq_len(fixtures):
     # rows 1-4 and 9 (4096, 8192); the -1 row and the BNSD rows are left out
     assert decode == [(128, 4096, 58.2), (128, 8192, 120.5), (160, 2048, 59.0),
                       (336, 4096, 60.1), (496, 4096, 64.2)]
+
+
+def test_without_target_models_the_grid_is_the_full_one(tmp_path):
+    from perfcast.workload.model_spec import builtin_models
+
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "GroupedMatmul.csv").write_text(f"{HEADER}\n{GMM_ND}\n")
+    result = generate_grid(db, [], rows=0, tp_sizes=(1,), ep_sizes=(8,), max_memory_gb=0)
+    moe = [load_model_spec(m) for m in builtin_models()]
+    points = grouped_gemm_points(moe, (1,), (8,))
+    assert len(points) > 10                      # several built-in MoE models
+    assert result.appended == {"GroupedMatmul": len(points) * len(M_GRID)}

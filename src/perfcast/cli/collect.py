@@ -79,7 +79,8 @@ def grid_command(
     database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
     target_models: Annotated[Optional[list[str]], typer.Option(
-        "--target-models", help="model config paths or built-in ids (comma-separated)")] = None,
+        "--target-models", help="model config paths or built-in ids (comma-separated); "
+                                "default: every built-in model (the full grid)")] = None,
     rows: Annotated[int, typer.Option("--rows", help="max appended rows per CSV; 0 = no cap")] = 1000,
     seed: Annotated[Optional[int], typer.Option("--seed", help="sampling seed (default 0)")] = None,
     max_memory_gb: Annotated[float, typer.Option(

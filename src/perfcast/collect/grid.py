@@ -58,7 +58,7 @@ from perfcast.collect.tables import (
 )
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.traits import NUM_EXPERTS_KEYS, MoeSpec
-from perfcast.workload.model_spec import ModelSpec, load_model_spec
+from perfcast.workload.model_spec import ModelSpec, builtin_models, load_model_spec
 
 M_GRID = tuple(list(range(1, 17)) + list(range(24, 129, 8)) + [
     160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096,
@@ -316,10 +316,11 @@ def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, row
                   tp_sizes: Sequence[int] = TP_SIZES, ops: Sequence[str] = (),
                   ep_sizes: Sequence[int] = EP_SIZES) -> GridResult:
     """Append theory rows to the CSVs of `database_path`. `rows=0` means no cap per CSV;
-    `seed=None` samples with seed 0 (the result is always reproducible)."""
+    `seed=None` samples with seed 0 (the result is always reproducible). Without
+    `target_models` the grid is the full one: every built-in model config."""
     if rows < 0:
         raise ConfigError(f"has value {rows}", field="--rows", expected="0 or a positive integer")
-    models = [load_model_spec(m) for m in target_models]
+    models = [load_model_spec(m) for m in target_models or builtin_models()]
     tables = load_database(Path(database_path))
     if not tables:
         raise ConfigError("holds no CSV to extend", source=str(database_path),
@@ -335,7 +336,7 @@ def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, row
             new = comm_rows(table, max_bytes)
         else:
             spec = spec_for(ktype)
-            if spec is None or not models:
+            if spec is None:
                 continue
             new = compute_rows(table, spec, models, tp_sizes, max_bytes, ep_sizes)
         if rows and len(new) > rows:
