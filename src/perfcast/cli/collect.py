@@ -1,7 +1,8 @@
 """`perfcast collect parse|grid|replay|comm`: build a performance database for a device.
 
 Flag names follow the TensorCast collection tools (perf-data-collection-tools spec).
-List flags accept repeated use or commas: `--ops all_reduce,all_gather`.
+List flags accept repeated use, commas, or (as in the TensorCast tools) several values
+after one flag: `--ops all_reduce,all_gather` = `--ops all_reduce all_gather`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from perfcast.cli.errors import user_errors
 from perfcast.core.errors import ConfigError
@@ -28,6 +30,34 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="device directory name"
 VllmOpt = Annotated[str, typer.Option("--vllm-version", help="vLLM version or full version-directory name")]
 TorchOpt = Annotated[str, typer.Option("--torch-version", help="PyTorch version")]
 CannOpt = Annotated[str, typer.Option("--cann-version", help="CANN version")]
+
+
+LIST_OPTIONS = ("--ops", "--num-devices", "--bytes-grid", "--target-models", "--tp-sizes",
+                "--ep-sizes")
+
+
+def join_list_values(args: list[str], options: tuple[str, ...] = LIST_OPTIONS) -> list[str]:
+    """`--ops a b --x` -> `--ops a,b --x`: the values following a list option up to the
+    next option become one comma-separated value (argparse `nargs="+"` style)."""
+    out, i = [], 0
+    while i < len(args):
+        out.append(args[i])
+        i += 1
+        if out[-1] in options:
+            values = []
+            while i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
+            if values:
+                out.append(",".join(values))
+    return out
+
+
+class ListOptionsCommand(TyperCommand):
+    """A command whose list options also take several space-separated values."""
+
+    def parse_args(self, ctx, args):  # noqa: ANN001 - click's signature
+        return super().parse_args(ctx, join_list_values(list(args)))
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -74,7 +104,7 @@ def parse_command(
                        "in a kernel profile; measure them with `collect comm`)")
 
 
-@app.command("grid")
+@app.command("grid", cls=ListOptionsCommand)
 def grid_command(
     database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
@@ -105,7 +135,7 @@ def grid_command(
         typer.echo(f"appended {sum(result.appended.values())} rows to {len(result.written)} CSV(s)")
 
 
-@app.command("replay")
+@app.command("replay", cls=ListOptionsCommand)
 def replay_command(
     database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
@@ -167,7 +197,7 @@ def replay_command(
                       else "") + f"; report {md}")
 
 
-@app.command("comm")
+@app.command("comm", cls=ListOptionsCommand)
 def comm_command(
     database_path: Annotated[Optional[Path], typer.Option(
         "--database-path", help="folder for hcom_*.csv (no write without it)")] = None,
