@@ -211,3 +211,36 @@ def test_without_target_models_the_grid_is_the_full_one(tmp_path):
     points = grouped_gemm_points(moe, (1,), (8,))
     assert len(points) > 10                      # several built-in MoE models
     assert result.appended == {"GroupedMatmul": len(points) * len(M_GRID)}
+
+
+def test_replayed_fia_grid_rows_answer_the_attention_lookup(tmp_path):
+    pytest.importorskip("torch")
+    from perfcast.collect.replay import CpuBackend, ReplaySettings, replay_database
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+    from perfcast.hardware import load_system
+    from perfcast.workload.tensors import TensorSpec
+
+    db = tmp_path / "db"
+    db.mkdir()
+    bf16 = FIA_PAGED.replace("FLOAT;FLOAT;FLOAT;", "DT_BF16;DT_BF16;DT_BF16;").replace(
+        "FLOAT;FLOAT,ND;ND", "DT_BF16;FLOAT,ND;ND").replace(",,,,,100", ",9,9,0,3,100")
+    (db / "FusedInferAttentionScore.csv").write_text(f"{HEADER},avg_seq_len\n{bf16}\n")
+    (db / "op_mapping.yaml").write_text(
+        'operator_mappings:\n  "tensor_cast.attention.default":\n'
+        '    kernel_type: FusedInferAttentionScore\n    query_mode: attention_special\n')
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({**TINY_MOE, "model_type": "llama"}))
+    generate_grid(db, [str(cfg)], rows=4, seed=5, tp_sizes=(1,), max_memory_gb=0.006)
+    run = replay_database(db, CpuBackend(), update_mode="missing-only",
+                          settings=ReplaySettings(repeat_count=2, warmup=0))
+    assert len(run.replayed) == 4 and not run.failed
+    ds = ProfilingDataSource(db, load_system("atlas_800_a3_752t_128g_die"))
+    for row in read_table(db / "FusedInferAttentionScore.csv").rows[1:]:
+        q = parse_shapes(row["Input Shapes"])[0]
+        kv = int(row["avg_seq_len"])
+        found = ds.lookup(OpInvokeInfo("tensor_cast.attention.default",
+                                       (TensorSpec(q, "bf16"), TensorSpec((1, kv, 1, 16), "bf16")),
+                                       (), FrozenDict(kv_len=kv, head_dim=16)))
+        assert found.latency_us == pytest.approx(float(row["Average Duration(us)"]))
