@@ -261,8 +261,18 @@ def _sdpa_slots(axes: Mapping[str, int], template: Slots) -> Slots:
 
 
 def _elementwise_slots(axes: Mapping[str, int], template: Slots) -> Slots:
-    width = axes["numel"] // axes["tokens"]
-    return tuple((axes["tokens"], width) for _ in range(max(len(template), 1)))
+    """Every template slot shaped like the first tensor becomes (tokens, width); in the
+    others (a norm's gamma (H,), a quant scale (T, 1)) the template's width and token
+    count are replaced by the new ones."""
+    tokens, width = axes["tokens"], axes["numel"] // axes["tokens"]
+    first = next((s for s in template if s is not None), None)
+    if not first:
+        return tuple((tokens, width) for _ in range(max(len(template), 1)))
+    t_tokens = first[0]
+    t_width = math.prod(first) // t_tokens if t_tokens else 0
+    return tuple(None if s is None else (tokens, width) if s == first
+                 else tuple(width if d == t_width else tokens if d == t_tokens else d for d in s)
+                 for s in template)
 
 
 @dataclass(frozen=True)

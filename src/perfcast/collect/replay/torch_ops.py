@@ -90,8 +90,55 @@ def _sdpa(q, k, v, *rest):
         q, k, v, is_causal=causal, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
+def _add_rms_norm(x1, x2, weight=None, *rest):
+    """AddRmsNorm(Bias): y = rms_norm(x1 + x2) * gamma (the sum is returned too)."""
+    import torch
+
+    s = x1 + x2
+    return torch.nn.functional.rms_norm(s, (s.shape[-1],), weight), s
+
+
+def _dynamic_quant(x, *rest):
+    """Per-token symmetric int8: scale = max|x| / 127 over the last dim."""
+    import torch
+
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / 127.0
+    return torch.round(x.float() / scale).clamp_(-128, 127).to(torch.int8), scale
+
+
+def _ascend_quant(x, scale, offset=None, *rest):
+    """Static int8: round(x * scale + offset)."""
+    import torch
+
+    y = x.float() * scale.float()
+    if offset is not None:
+        y = y + offset.float()
+    return torch.round(y).clamp_(-128, 127).to(torch.int8)
+
+
+def _softmax_last(x, *rest):
+    import torch
+
+    return torch.softmax(x, dim=-1)
+
+
+def _argmax_last(x, *rest):
+    import torch
+
+    return torch.argmax(x, dim=-1)
+
+
+def _transpose_bmm(x, w, *rest):
+    """x (m, batch, k) x w (batch, k, n) -> (m, batch, n)."""
+    import torch
+
+    return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+
+
 NAMED_REPLAYS: dict[str, Callable[..., Any]] = {
-    "rms_norm": _rms_norm, "swiglu": _swiglu, "sdpa": _sdpa,
+    "rms_norm": _rms_norm, "swiglu": _swiglu, "sdpa": _sdpa, "add_rms_norm": _add_rms_norm,
+    "dynamic_quant": _dynamic_quant, "ascend_quant": _ascend_quant,
+    "softmax_last": _softmax_last, "argmax_last": _argmax_last, "transpose_bmm": _transpose_bmm,
 }
 
 
