@@ -68,3 +68,18 @@ def test_grid_writes_norm_weight_as_a_vector(tmp_path):
     generate_grid(db, [str(cfg)], rows=0)
     shapes = {r["Input Shapes"] for r in read_table(db / "RmsNorm.csv").rows[1:]}
     assert "16,64;64" in shapes and all(s.endswith(";64") for s in shapes)
+
+
+def test_cpu_backend_pins_threads_only_while_measuring():
+    from perfcast.collect.replay import CpuBackend, ReplaySettings
+
+    before = torch.get_num_threads()
+    seen = []
+    backend = CpuBackend(num_threads=1)
+    case = ReplayCase("aten::mm#0", spec_for("aten::mm"), parse_shapes("4,8;8,2"),
+                      split_list("FLOAT;FLOAT"))
+    original = backend._measure
+    backend._measure = lambda cases, s: (seen.append(torch.get_num_threads()),
+                                         original(cases, s))[1]
+    [out] = backend.measure([case], ReplaySettings(repeat_count=2, warmup=0))
+    assert out.ok and seen == [1] and torch.get_num_threads() == before

@@ -149,6 +149,8 @@ def replay_command(
     backend: Annotated[str, typer.Option("--backend", help="cpu | cuda | npu")] = "cpu",
     flush_l2: Annotated[bool, typer.Option("--flush-l2", help="CUDA: cold L2 before each call")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", help="cap rows per CSV; 0 = all")] = 0,
+    num_threads: Annotated[int, typer.Option(
+        "--num-threads", help="CPU: torch intra-op threads (0 = torch's default)")] = 0,
     dfc_ep_size: Annotated[int, typer.Option(
         "--dispatch-ffn-combine-ep-size",
         help="EP size for DispatchFFNCombine replay and row matching")] = 16,
@@ -183,7 +185,8 @@ def replay_command(
                                    master_addr=dfc_master_addr, master_port=dfc_master_port)
         with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
             task = bar.add_task("replaying", total=None)
-            run = replay_database(db, make_backend(backend, flush_l2=flush_l2, launch=launch),
+            run = replay_database(db, make_backend(backend, flush_l2=flush_l2, launch=launch,
+                                               num_threads=num_threads),
                                   ops=_split(ops), ep_size=dfc_ep_size,
                                   update_mode=update_mode, settings=settings,
                                   fail_fast=fail_fast,

@@ -101,12 +101,12 @@ class ReplayRun:
 
 
 def make_backend(name: str, *, flush_l2: bool = False,
-                 launch: DistributedLaunch | None = None) -> ReplayBackend:
+                 launch: DistributedLaunch | None = None, num_threads: int = 0) -> ReplayBackend:
     from perfcast.collect.replay.cpu import CpuBackend
     from perfcast.collect.replay.cuda import CudaBackend
     from perfcast.collect.replay.npu import NpuBackend
 
-    backends = {"cpu": CpuBackend, "cuda": lambda: CudaBackend(flush_l2=flush_l2),
+    backends = {"cpu": lambda: CpuBackend(num_threads=num_threads), "cuda": lambda: CudaBackend(flush_l2=flush_l2),
                 "npu": lambda: NpuBackend(launch=launch)}
     if name not in backends:
         raise ConfigError(f"unknown backend {name!r}", field="--backend",
