@@ -178,7 +178,7 @@ def test_grid_then_cpu_replay_fills_fia_and_grouped_matmul_rows(tmp_path, moe_co
     (db / "FusedInferAttentionScore.csv").write_text(f"{HEADER},avg_seq_len\n{FIA_PAGED}\n")
     generate_grid(db, [str(moe_config)], rows=3, seed=1, tp_sizes=(1,), ep_sizes=(4,),
                   max_memory_gb=0.01)
-    run = replay_database(db, CpuBackend(), update_mode="missing-only",
+    run = replay_database(db, CpuBackend(num_threads=1), update_mode="missing-only",
                           settings=ReplaySettings(repeat_count=2, warmup=0))
     assert len(run.results) == 7 and not run.failed, [r.outcome.error for r in run.failed]
     for name in ("GroupedMatmul", "FusedInferAttentionScore"):
@@ -233,7 +233,7 @@ def test_replayed_fia_grid_rows_answer_the_attention_lookup(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({**TINY_MOE, "model_type": "llama"}))
     generate_grid(db, [str(cfg)], rows=4, seed=5, tp_sizes=(1,), max_memory_gb=0.006)
-    run = replay_database(db, CpuBackend(), update_mode="missing-only",
+    run = replay_database(db, CpuBackend(num_threads=1), update_mode="missing-only",
                           settings=ReplaySettings(repeat_count=2, warmup=0))
     assert len(run.replayed) == 4 and not run.failed
     ds = ProfilingDataSource(db, load_system("atlas_800_a3_752t_128g_die"))
