@@ -244,3 +244,11 @@ def test_replayed_fia_grid_rows_answer_the_attention_lookup(tmp_path):
                                        (TensorSpec(q, "bf16"), TensorSpec((1, kv, 1, 16), "bf16")),
                                        (), FrozenDict(kv_len=kv, head_dim=16)))
         assert found.latency_us == pytest.approx(float(row["Average Duration(us)"]))
+
+
+def test_fia_row_without_kv_slots_is_no_template(tmp_path, moe_config):
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "FusedInferAttentionScore.csv").write_text(
+        f'{HEADER},avg_seq_len\ndynamic,MIX_AIC,"4,4,16",FLOAT,ND,"4,4,16",FLOAT,ND,5,5,0,1,64\n')
+    assert generate_grid(db, [str(moe_config)], rows=0, tp_sizes=(1,)).appended == {}

@@ -169,6 +169,8 @@ def _fia_slots(axes: Mapping[str, int], template: Slots) -> Slots:
     template's block size and pool (grown when the batch needs more blocks) and a block
     table wide enough for kv_len; per-request length tensors (B,); other slots (mask,
     quant params) as in the template."""
+    if len(template) <= FIA_V:
+        return ()  # no K/V slots: not a template for FIA rows
     b, q, kv = axes["batch"], axes["q_tokens"], axes["kv_len"]
     n, kvh, d = axes["heads"], axes["kv_heads"], axes["head_dim"]
     out = list(template)
