@@ -77,3 +77,16 @@ def test_replay_cpu_from_the_command_line(tmp_path):
     assert res.exit_code == 0, res.output
     assert "replayed 1 rows, 0 failed, 1 skipped" in res.output
     assert len(list((db / "reports").glob("profile_update_report_*.md"))) == 1
+
+
+def test_list_flags_take_several_values_as_in_the_spec_examples():
+    from perfcast.cli.collect import join_list_values
+
+    args = ["--ops", "all_reduce", "all_gather", "--grid-shape", "48", "8", "2",
+            "--num-devices", "16", "2", "--dtype", "fp32"]
+    assert join_list_values(args) == ["--ops", "all_reduce,all_gather", "--grid-shape", "48",
+                                      "8", "2", "--num-devices", "16,2", "--dtype", "fp32"]
+    # end to end: the second op is parsed (and rejected) instead of being a stray argument
+    res = runner.invoke(app, ["collect", "comm", "--ops", "all_reduce", "bogus",
+                              "--grid-shape", "48", "8", "2", "--num-devices", "16", "2"])
+    assert res.exit_code == 2 and "unknown op(s) bogus" in res.output

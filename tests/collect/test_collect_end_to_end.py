@@ -74,7 +74,7 @@ def test_profile_parse_grid_replay_import(tmp_path):
          "--ops", "aten__linear,aten__scaled_dot_product_attention")
     out = _cli("collect", "replay", "--database-path", str(db), "--update-mode", "missing-only",
                "--ops", "aten::linear,aten::scaled_dot_product_attention",  # names or stems
-               "--repeat-count", "3", "--warmup", "1")
+               "--repeat-count", "3", "--warmup", "1", "--num-threads", "1")
     assert ", 0 failed," in out
 
     snapshot = tmp_path / "evidence"

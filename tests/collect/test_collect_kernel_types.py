@@ -27,7 +27,7 @@ def test_sdpa_axes_and_inverse():
     axes = axes_of(spec, ((2, 8, 1, 64), (2, 2, 300, 64), (2, 2, 300, 64)))
     assert axes == {"batch": 2, "heads": 8, "q_tokens": 1, "head_dim": 64, "kv_heads": 2,
                     "kv_len": 300, "v_head_dim": 64, "phase": "decode"}
-    assert LAYOUTS["sdpa"].slots(axes, 3) == ((2, 8, 1, 64), (2, 2, 300, 64), (2, 2, 300, 64))
+    assert LAYOUTS["sdpa"].slots(axes, (None, None, None)) == ((2, 8, 1, 64), (2, 2, 300, 64), (2, 2, 300, 64))
 
 
 def test_fractal_nz_weight_is_restored_before_reading_axes():

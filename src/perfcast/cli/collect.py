@@ -1,7 +1,8 @@
 """`perfcast collect parse|grid|replay|comm`: build a performance database for a device.
 
 Flag names follow the TensorCast collection tools (perf-data-collection-tools spec).
-List flags accept repeated use or commas: `--ops all_reduce,all_gather`.
+List flags accept repeated use, commas, or (as in the TensorCast tools) several values
+after one flag: `--ops all_reduce,all_gather` = `--ops all_reduce all_gather`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from perfcast.cli.errors import user_errors
 from perfcast.core.errors import ConfigError
@@ -28,6 +30,34 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="device directory name"
 VllmOpt = Annotated[str, typer.Option("--vllm-version", help="vLLM version or full version-directory name")]
 TorchOpt = Annotated[str, typer.Option("--torch-version", help="PyTorch version")]
 CannOpt = Annotated[str, typer.Option("--cann-version", help="CANN version")]
+
+
+LIST_OPTIONS = ("--ops", "--num-devices", "--bytes-grid", "--target-models", "--tp-sizes",
+                "--ep-sizes")
+
+
+def join_list_values(args: list[str], options: tuple[str, ...] = LIST_OPTIONS) -> list[str]:
+    """`--ops a b --x` -> `--ops a,b --x`: the values following a list option up to the
+    next option become one comma-separated value (argparse `nargs="+"` style)."""
+    out, i = [], 0
+    while i < len(args):
+        out.append(args[i])
+        i += 1
+        if out[-1] in options:
+            values = []
+            while i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
+            if values:
+                out.append(",".join(values))
+    return out
+
+
+class ListOptionsCommand(TyperCommand):
+    """A command whose list options also take several space-separated values."""
+
+    def parse_args(self, ctx, args):  # noqa: ANN001 - click's signature
+        return super().parse_args(ctx, join_list_values(list(args)))
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -74,33 +104,38 @@ def parse_command(
                        "in a kernel profile; measure them with `collect comm`)")
 
 
-@app.command("grid")
+@app.command("grid", cls=ListOptionsCommand)
 def grid_command(
     database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
     target_models: Annotated[Optional[list[str]], typer.Option(
-        "--target-models", help="model config paths or built-in ids (comma-separated)")] = None,
+        "--target-models", help="model config paths or built-in ids (comma-separated); "
+                                "default: every built-in model (the full grid)")] = None,
     rows: Annotated[int, typer.Option("--rows", help="max appended rows per CSV; 0 = no cap")] = 1000,
     seed: Annotated[Optional[int], typer.Option("--seed", help="sampling seed (default 0)")] = None,
     max_memory_gb: Annotated[float, typer.Option(
         "--max-memory-gb", "--max-hbm-gb", help="per-row tensor budget in GiB; 0 disables")] = 32.0,
     tp_sizes: Annotated[Optional[list[str]], typer.Option("--tp-sizes", help="TP degrees")] = None,
+    ep_sizes: Annotated[Optional[list[str]], typer.Option(
+        "--ep-sizes", help="EP degrees of MoE expert GEMM rows")] = None,
     ops: Annotated[Optional[list[str]], typer.Option("--ops", help="only these kernel types")] = None,
 ) -> None:
     """Append theory shape rows (empty durations) for the target models."""
-    from perfcast.collect.grid import TP_SIZES, generate_grid
+    from perfcast.collect.grid import EP_SIZES, TP_SIZES, generate_grid
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
         tps = tuple(int(t) for t in _split(tp_sizes)) or TP_SIZES
+        eps = tuple(int(t) for t in _split(ep_sizes)) or EP_SIZES
         result = generate_grid(db, _split(target_models), rows=rows, seed=seed,
-                               max_memory_gb=max_memory_gb, tp_sizes=tps, ops=_split(ops))
+                               max_memory_gb=max_memory_gb, tp_sizes=tps, ops=_split(ops),
+                               ep_sizes=eps)
         for ktype, n in sorted(result.appended.items()):
             typer.echo(f"{ktype}: +{n} rows")
         typer.echo(f"appended {sum(result.appended.values())} rows to {len(result.written)} CSV(s)")
 
 
-@app.command("replay")
+@app.command("replay", cls=ListOptionsCommand)
 def replay_command(
     database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
@@ -114,29 +149,58 @@ def replay_command(
     backend: Annotated[str, typer.Option("--backend", help="cpu | cuda | npu")] = "cpu",
     flush_l2: Annotated[bool, typer.Option("--flush-l2", help="CUDA: cold L2 before each call")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", help="cap rows per CSV; 0 = all")] = 0,
+    num_threads: Annotated[int, typer.Option(
+        "--num-threads", help="CPU: torch intra-op threads (0 = torch's default)")] = 0,
+    dfc_ep_size: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-ep-size",
+        help="EP size for DispatchFFNCombine replay and row matching")] = 16,
+    dfc_nproc: Annotated[Optional[int], typer.Option(
+        "--dispatch-ffn-combine-nproc-per-node",
+        help="torchrun processes per node for DispatchFFNCombine (default: EP size / nnodes)")] = None,
+    dfc_nnodes: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-nnodes", help="torchrun nodes for DispatchFFNCombine")] = 1,
+    dfc_node_rank: Annotated[int, typer.Option(
+        "--dispatch-ffn-combine-node-rank", help="torchrun rank of this node")] = 0,
+    dfc_master_addr: Annotated[str, typer.Option(
+        "--dispatch-ffn-combine-master-addr", help="torchrun master address")] = "127.0.0.1",
+    dfc_master_port: Annotated[Optional[int], typer.Option(
+        "--dispatch-ffn-combine-master-port", help="torchrun master port")] = None,
 ) -> None:
     """Re-measure rows as microbenchmarks and write the durations back, with a report."""
     from rich.progress import Progress
 
-    from perfcast.collect.replay import ReplaySettings, make_backend, replay_database
+    from perfcast.collect.replay import (
+        DistributedLaunch,
+        ReplaySettings,
+        make_backend,
+        replay_database,
+    )
     from perfcast.collect.report import write_reports
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
         settings = ReplaySettings(repeat_count=repeat_count, warmup=warmup)
+        launch = DistributedLaunch(ep_size=dfc_ep_size, nproc_per_node=dfc_nproc,
+                                   nnodes=dfc_nnodes, node_rank=dfc_node_rank,
+                                   master_addr=dfc_master_addr, master_port=dfc_master_port)
         with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
             task = bar.add_task("replaying", total=None)
-            run = replay_database(db, make_backend(backend, flush_l2=flush_l2), ops=_split(ops),
-                                  update_mode=update_mode, settings=settings, fail_fast=fail_fast,
+            run = replay_database(db, make_backend(backend, flush_l2=flush_l2, launch=launch,
+                                               num_threads=num_threads),
+                                  ops=_split(ops), ep_size=dfc_ep_size,
+                                  update_mode=update_mode, settings=settings,
+                                  fail_fast=fail_fast,
                                   prune_empty_duration_rows=prune, max_rows=max_rows,
                                   progress=lambda done, total: bar.update(task, completed=done,
                                                                           total=total))
         md, _ = write_reports(run)
         typer.echo(f"replayed {len(run.replayed)} rows, {len(run.failed)} failed, "
-                   f"{run.skipped_valid} skipped; report {md}")
+                   f"{run.skipped_valid} skipped"
+                   + (f", {run.skipped_other_ep} of another EP size" if run.skipped_other_ep
+                      else "") + f"; report {md}")
 
 
-@app.command("comm")
+@app.command("comm", cls=ListOptionsCommand)
 def comm_command(
     database_path: Annotated[Optional[Path], typer.Option(
         "--database-path", help="folder for hcom_*.csv (no write without it)")] = None,

@@ -105,7 +105,7 @@ def collected_records(database_path: Path, *, hardware: str, runtime: str = "",
             if found is None:
                 continue
             slots = parse_shapes(row.get(INPUT_SHAPES, ""), source=src, row=i + 2)
-            axes = axes_of(spec, slots, split_list(row.get(INPUT_FORMATS, "")))
+            axes = axes_of(spec, slots, split_list(row.get(INPUT_FORMATS, "")), row)
             dtypes = split_list(row.get(INPUT_DTYPES, ""))
             if axes is None or not dtypes:
                 continue

@@ -5,8 +5,12 @@ For every CSV already in the database whose kernel type has a writable layout
 
 * GEMM: m from a dense small-m grid up to 32768; (n, k) from each model's projections
   (qkv, o, gate_up, down, lm_head) at every TP degree that divides them;
-* attention: batch x (prefill q = kv, or decode q = 1 with kv on a grid uniform in sqrt
-  space) x heads / KV heads under TP;
+* grouped GEMM (MoE experts, `GroupedMatmul`): m (routed rows) from the GEMM m grid x
+  each MoE model's expert projections (gate_up (2I, H), down (H, I)) with E/ep local
+  experts at every EP degree and I/tp at every TP degree;
+* attention (SDPA and FusedInferAttentionScore): batch x (prefill q = kv, or decode
+  q = 1 with kv on a grid uniform in sqrt space) x heads / KV heads under TP (FIA rows
+  carry kv_len in their `avg_seq_len` column);
 * norm / activation / elementwise: tokens x the widths the model uses;
 * collectives (`hcom_*.csv`): message bytes in powers of two x the group sizes, dtypes
   and tiers the CSV already holds.
@@ -29,6 +33,7 @@ from perfcast.collect.kernel_types import (
     LAYOUTS,
     KernelTypeSpec,
     fractal_nz_like,
+    nd_slots,
     spec_for,
 )
 from perfcast.collect.parse.torch_trace import INPUT_STRIDES
@@ -52,7 +57,8 @@ from perfcast.collect.tables import (
     write_tables,
 )
 from perfcast.core.errors import ConfigError
-from perfcast.workload.model_spec import ModelSpec, load_model_spec
+from perfcast.workload.families.traits import NUM_EXPERTS_KEYS, MoeSpec
+from perfcast.workload.model_spec import ModelSpec, builtin_models, load_model_spec
 
 M_GRID = tuple(list(range(1, 17)) + list(range(24, 129, 8)) + [
     160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096,
@@ -63,6 +69,7 @@ DECODE_KV_MIN, DECODE_KV_MAX, DECODE_KV_POINTS = 16, 131072, 24
 TOKENS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 MESSAGE_BYTES_GRID = tuple(2 ** e for e in range(10, 31))
 TP_SIZES = (1, 2, 4, 8)
+EP_SIZES = (1, 2, 4, 8, 16, 32)
 
 _DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
                 "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -102,6 +109,25 @@ def gemm_nk(models: Sequence[ModelSpec], tp_sizes: Iterable[int] = TP_SIZES) -> 
     return out
 
 
+def grouped_gemm_points(models: Sequence[ModelSpec], tp_sizes: Iterable[int] = TP_SIZES,
+                        ep_sizes: Iterable[int] = EP_SIZES) -> set[tuple[int, int, int]]:
+    """(local experts, n, k) of the routed-expert GEMMs of every MoE model: E/ep experts of
+    full width at each EP degree dividing E, or E experts of width I/tp at each TP degree
+    dividing I; gate_up is (n=2I, k=H), down (n=H, k=I)."""
+    out = set()
+    for m in models:
+        if not any(m.raw.get(key) for key in NUM_EXPERTS_KEYS):
+            continue
+        moe = MoeSpec.from_model(m)
+        e, inter, h = moe.num_experts, moe.inter, m.hidden_size
+        shards = {(e // ep, inter) for ep in ep_sizes if e % ep == 0}
+        shards |= {(e, inter // tp) for tp in tp_sizes if inter % tp == 0}
+        for experts, width in shards:
+            out.add((experts, 2 * width, h))
+            out.add((experts, h, width))
+    return out
+
+
 def attention_points(models: Sequence[ModelSpec], tp_sizes: Iterable[int] = TP_SIZES) -> set[tuple]:
     heads_set = set()
     for m in models:
@@ -133,12 +159,17 @@ def elementwise_widths(models: Sequence[ModelSpec], operation: str,
 
 
 def candidate_axes(spec: KernelTypeSpec, models: Sequence[ModelSpec],
-                   tp_sizes: Sequence[int]) -> list[dict[str, int]]:
+                   tp_sizes: Sequence[int], ep_sizes: Sequence[int] = EP_SIZES
+                   ) -> list[dict[str, int]]:
     layout = spec.layout
     if spec.operation == "gemm" and layout in ("matmul", "addmm", "linear"):
         return [{"m": m, "n": n, "k": k} for n, k in sorted(gemm_nk(models, tp_sizes))
                 for m in M_GRID]
-    if spec.operation == "attention" and layout == "sdpa":
+    if layout == "grouped_matmul":
+        return [{"m": m, "n": n, "k": k, "experts": e}
+                for e, n, k in sorted(grouped_gemm_points(models, tp_sizes, ep_sizes))
+                for m in M_GRID]
+    if spec.operation == "attention" and layout in ("sdpa", "fia"):
         return [{"batch": b, "q_tokens": q, "kv_len": kv, "heads": h, "kv_heads": kvh,
                  "head_dim": d} for b, q, kv, h, kvh, d in sorted(attention_points(models, tp_sizes))]
     if layout == "elementwise":
@@ -219,22 +250,27 @@ def _order_signature(strides_text: str) -> tuple:
 
 
 def compute_rows(table: KernelTable, spec: KernelTypeSpec, models: Sequence[ModelSpec],
-                 tp_sizes: Sequence[int], max_bytes: float) -> list[dict[str, str]]:
+                 tp_sizes: Sequence[int], max_bytes: float,
+                 ep_sizes: Sequence[int] = EP_SIZES) -> list[dict[str, str]]:
     layout = LAYOUTS[spec.layout]
     if layout.slots is None:
         return []
-    axes_list = candidate_axes(spec, models, tp_sizes)
+    axes_list = candidate_axes(spec, models, tp_sizes, ep_sizes)
     existing = {table.key_of(r) for r in table.rows}
+    columns = {c: a for c, a in (layout.columns or {}).items() if c in table.header}
     rows = []
     for tmpl in _templates(table):
-        arity = len(parse_shapes(tmpl.get(INPUT_SHAPES, "")))
         in_dt = split_list(tmpl.get(INPUT_DTYPES, ""))
         out_dt = split_list(tmpl.get(OUTPUT_DTYPES, ""))
         in_fmt = split_list(tmpl.get(INPUT_FORMATS, ""))
         t_slots = parse_shapes(tmpl.get(INPUT_SHAPES, ""))
+        t_nd = nd_slots(t_slots, in_fmt)
+        if layout.axes(t_nd) is None:
+            continue  # a row this layout cannot read is no template for it
+        out_arity = max(1, len(parse_shapes(tmpl.get(OUTPUT_SHAPES, ""))))
         for axes in axes_list:
-            slots = layout.slots(axes, arity)
-            if len(slots) != arity:
+            slots = layout.slots(axes, t_nd)
+            if len(slots) != len(t_slots):
                 continue
             slots = _tiled_like_template(slots, t_slots, in_fmt)
             if slots is None:
@@ -246,8 +282,9 @@ def compute_rows(table: KernelTable, spec: KernelTypeSpec, models: Sequence[Mode
             row = {c: tmpl.get(c, "") for c in (STATE, CORE, INPUT_DTYPES, INPUT_FORMATS,
                                                   OUTPUT_DTYPES, OUTPUT_FORMATS)}
             row[INPUT_SHAPES] = format_shapes(slots)
-            row[OUTPUT_SHAPES] = (format_shapes([out_shape])
+            row[OUTPUT_SHAPES] = (format_shapes([out_shape] + [None] * (out_arity - 1))
                                   if out_shape and tmpl.get(OUTPUT_SHAPES) else "")
+            row.update({c: str(axes[a]) for c, a in columns.items() if a in axes})
             if (tmpl.get(INPUT_STRIDES) or "").strip():
                 row[INPUT_STRIDES] = format_shapes(strides_like(
                     parse_shapes(tmpl[INPUT_STRIDES]), parse_shapes(tmpl[INPUT_SHAPES]), slots))
@@ -276,12 +313,14 @@ def comm_rows(table: KernelTable, max_bytes: float) -> list[dict[str, str]]:
 
 def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, rows: int = 1000,
                   seed: int | None = None, max_memory_gb: float = 32.0,
-                  tp_sizes: Sequence[int] = TP_SIZES, ops: Sequence[str] = ()) -> GridResult:
+                  tp_sizes: Sequence[int] = TP_SIZES, ops: Sequence[str] = (),
+                  ep_sizes: Sequence[int] = EP_SIZES) -> GridResult:
     """Append theory rows to the CSVs of `database_path`. `rows=0` means no cap per CSV;
-    `seed=None` samples with seed 0 (the result is always reproducible)."""
+    `seed=None` samples with seed 0 (the result is always reproducible). Without
+    `target_models` the grid is the full one: every built-in model config."""
     if rows < 0:
         raise ConfigError(f"has value {rows}", field="--rows", expected="0 or a positive integer")
-    models = [load_model_spec(m) for m in target_models]
+    models = [load_model_spec(m) for m in target_models or builtin_models()]
     tables = load_database(Path(database_path))
     if not tables:
         raise ConfigError("holds no CSV to extend", source=str(database_path),
@@ -297,9 +336,9 @@ def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, row
             new = comm_rows(table, max_bytes)
         else:
             spec = spec_for(ktype)
-            if spec is None or not models:
+            if spec is None:
                 continue
-            new = compute_rows(table, spec, models, tp_sizes, max_bytes)
+            new = compute_rows(table, spec, models, tp_sizes, max_bytes, ep_sizes)
         if rows and len(new) > rows:
             new = rng.sample(new, rows)
         if new:

@@ -45,6 +45,8 @@ def render_markdown(run: ReplayRun, spots: list[Hotspot], top: int = 20) -> str:
              f"- backend: {run.backend}", f"- update mode: {run.update_mode}",
              f"- rows replayed: {len(run.replayed)}", f"- rows failed: {len(run.failed)}",
              f"- rows skipped (already valid): {run.skipped_valid}",
+             f"- rows skipped (another EP size): {run.skipped_other_ep}",
+             f"- rows appended from unmatched profiled samples: {run.appended}",
              f"- rows pruned: {run.pruned}",
              f"- kernel types without a replay: {', '.join(run.not_replayable_types) or 'none'}",
              f"- gap hotspots (ratio outside [{GAP_LOW}, {GAP_HIGH}]): {len(spots)}", ""]

@@ -5,7 +5,13 @@ Backends share one interface (`ReplayBackend`): `CpuBackend` (runs anywhere torc
 msprof, durations read from op_summary).
 """
 
-from perfcast.collect.replay.base import ReplayBackend, ReplayCase, ReplayOutcome, ReplaySettings
+from perfcast.collect.replay.base import (
+    DistributedLaunch,
+    ReplayBackend,
+    ReplayCase,
+    ReplayOutcome,
+    ReplaySettings,
+)
 from perfcast.collect.replay.cpu import CpuBackend
 from perfcast.collect.replay.cuda import CudaBackend
 from perfcast.collect.replay.npu import NpuBackend
@@ -16,6 +22,6 @@ from perfcast.collect.replay.writeback import (
     replay_database,
 )
 
-__all__ = ["CpuBackend", "CudaBackend", "NpuBackend", "ReplayBackend", "ReplayCase",
+__all__ = ["CpuBackend", "CudaBackend", "DistributedLaunch", "NpuBackend", "ReplayBackend", "ReplayCase",
            "ReplayOutcome", "ReplayRun", "ReplaySettings", "UPDATE_MODES", "make_backend",
            "replay_database"]

@@ -23,6 +23,12 @@ class ReplayCase:
     input_dtypes: tuple[str, ...]
     input_formats: tuple[str, ...] = ()
     input_strides: tuple[tuple[int, ...] | None, ...] = ()
+    runtime: tuple[tuple[str, str], ...] = ()  # other key columns (avg_seq_len, EP Size)
+
+    def runtime_value(self, *columns: str) -> str:
+        """The first non-empty value of these runtime columns ("" when none)."""
+        values = dict(self.runtime)
+        return next((values[c] for c in columns if (values.get(c) or "").strip()), "")
 
     @property
     def kernel_type(self) -> str:
@@ -50,6 +56,51 @@ class ReplaySettings:
             raise ValueError("--repeat-count must be at least 1")
         if self.warmup < 0:
             raise ValueError("warm-up count must be non-negative")
+
+
+@dataclass(frozen=True)
+class DistributedLaunch:
+    """How kernel types with `launch: torchrun` (DispatchFFNCombine: one fused
+    dispatch -> expert FFN -> combine step over an EP group) are launched: one process per
+    EP rank under torchrun. The `--dispatch-ffn-combine-*` flags of `collect replay`; the
+    EP size also selects the rows of such CSVs that carry an `EP Size` column."""
+
+    ep_size: int = 16
+    nproc_per_node: int | None = None     # None: ep_size / nnodes
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None        # None: torchrun's default
+
+    def __post_init__(self) -> None:
+        from perfcast.core.errors import ConfigError
+
+        if self.ep_size < 1 or self.nnodes < 1:
+            raise ConfigError(f"ep_size={self.ep_size}, nnodes={self.nnodes}",
+                              field="--dispatch-ffn-combine-ep-size/-nnodes",
+                              expected="positive integers")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"has value {self.node_rank}",
+                              field="--dispatch-ffn-combine-node-rank",
+                              expected=f"0..{self.nnodes - 1} (--dispatch-ffn-combine-nnodes)")
+        if self.procs_per_node * self.nnodes != self.ep_size:
+            raise ConfigError(
+                f"{self.procs_per_node} processes per node x {self.nnodes} nodes != EP size "
+                f"{self.ep_size}", field="--dispatch-ffn-combine-nproc-per-node",
+                expected="nproc_per_node x nnodes = --dispatch-ffn-combine-ep-size")
+
+    @property
+    def procs_per_node(self) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return self.ep_size // self.nnodes if self.ep_size % self.nnodes == 0 else 0
+
+    def torchrun_args(self) -> list[str]:
+        args = ["torchrun", f"--nproc-per-node={self.procs_per_node}", f"--nnodes={self.nnodes}",
+                f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}"]
+        if self.master_port is not None:
+            args.append(f"--master-port={self.master_port}")
+        return args
 
 
 @runtime_checkable

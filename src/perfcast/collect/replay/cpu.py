@@ -20,7 +20,8 @@ def torch_missing() -> str:
 
 class CpuBackend:
     """Times `repeat_count` calls after `warmup` calls with `time.perf_counter_ns`.
-    `num_threads` pins torch's intra-op threads (0 = leave torch's default)."""
+    `num_threads` pins torch's intra-op threads during the measurement (0 = leave torch's
+    setting); the previous setting is restored afterwards."""
 
     name = "cpu"
 
@@ -33,8 +34,17 @@ class CpuBackend:
     def measure(self, cases: Sequence[ReplayCase], settings: ReplaySettings) -> list[ReplayOutcome]:
         import torch
 
+        previous = torch.get_num_threads()
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
+        try:
+            return self._measure(cases, settings)
+        finally:
+            torch.set_num_threads(previous)
+
+    def _measure(self, cases: Sequence[ReplayCase], settings: ReplaySettings) -> list[ReplayOutcome]:
+        import torch
+
         out = []
         with torch.inference_mode():
             for case in cases:

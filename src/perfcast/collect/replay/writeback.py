@@ -1,7 +1,9 @@
 """Select rows, replay them on a backend and write the durations back.
 
 Update modes (as in the spec):
-* `all`: replay every selected row;
+* `all`: replay every selected row, and append the profiled samples of the replayed
+  kernel type that matched no row (backends that profile, i.e. NPU: the device ran the
+  kernel with other shapes or formats than recorded) as new rows of that CSV;
 * `missing-only`: replay only rows whose `Average Duration(us)` and `Profiling Average
   Duration(us)` are both invalid (empty or 0); rows with any valid duration are skipped.
 
@@ -9,6 +11,9 @@ Write-back of a replayed row: the `MicroBench ...` columns get the replay statis
 previous `Average Duration(us)` moves to `Profiling Average Duration(us)` (once, when that
 is empty); `Average/Median/Std Duration(us)` and `Count` then describe the replay.
 `--prune-empty-duration-rows` deletes rows whose durations are still both invalid.
+Rows of a kernel type launched over an EP group (`launch: torchrun`, DispatchFFNCombine)
+whose CSV has an `EP Size` column are replayed only when it equals the launch's EP size
+(`--dispatch-ffn-combine-ep-size`); the others are counted as `skipped_other_ep`.
 Each CSV is written atomically after all its rows are measured; with `fail_fast` the
 first failure stops the run before the CSV being processed is written.
 """
@@ -21,13 +26,20 @@ from pathlib import Path
 
 from perfcast.collect.kernel_types import spec_for
 from perfcast.collect.parse.torch_trace import INPUT_STRIDES
-from perfcast.collect.replay.base import ReplayBackend, ReplayCase, ReplayOutcome, ReplaySettings
+from perfcast.collect.replay.base import (
+    DistributedLaunch,
+    ReplayBackend,
+    ReplayCase,
+    ReplayOutcome,
+    ReplaySettings,
+)
 from perfcast.collect.tables import (
     AVG,
     COUNT,
     INPUT_DTYPES,
     INPUT_FORMATS,
     INPUT_SHAPES,
+    KEY_COLUMNS,
     MB_AVG,
     MB_BACKEND,
     MB_COUNT,
@@ -48,6 +60,7 @@ from perfcast.collect.tables import (
     write_tables,
 )
 from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.evidence.profiling.query_paths.moe import EP_COLUMN
 
 UPDATE_MODES = ("all", "missing-only")
 
@@ -72,8 +85,10 @@ class ReplayRun:
     update_mode: str
     results: list[RowResult] = field(default_factory=list)
     skipped_valid: int = 0
+    skipped_other_ep: int = 0
     not_replayable_types: list[str] = field(default_factory=list)
     pruned: int = 0
+    appended: int = 0            # rows added from unmatched profiled samples (all mode)
     written: list[Path] = field(default_factory=list)
 
     @property
@@ -85,13 +100,14 @@ class ReplayRun:
         return [r for r in self.results if not r.outcome.ok]
 
 
-def make_backend(name: str, *, flush_l2: bool = False) -> ReplayBackend:
+def make_backend(name: str, *, flush_l2: bool = False,
+                 launch: DistributedLaunch | None = None, num_threads: int = 0) -> ReplayBackend:
     from perfcast.collect.replay.cpu import CpuBackend
     from perfcast.collect.replay.cuda import CudaBackend
     from perfcast.collect.replay.npu import NpuBackend
 
-    backends = {"cpu": CpuBackend, "cuda": lambda: CudaBackend(flush_l2=flush_l2),
-                "npu": NpuBackend}
+    backends = {"cpu": lambda: CpuBackend(num_threads=num_threads), "cuda": lambda: CudaBackend(flush_l2=flush_l2),
+                "npu": lambda: NpuBackend(launch=launch)}
     if name not in backends:
         raise ConfigError(f"unknown backend {name!r}", field="--backend",
                           expected=" | ".join(backends))
@@ -116,7 +132,9 @@ def case_for_row(table: KernelTable, index: int) -> ReplayCase | None:
         input_dtypes=split_list(row.get(INPUT_DTYPES, "")),
         input_formats=split_list(row.get(INPUT_FORMATS, "")),
         input_strides=parse_shapes(row.get(INPUT_STRIDES, ""), source=src, row=index + 2,
-                                   column=INPUT_STRIDES))
+                                   column=INPUT_STRIDES),
+        runtime=tuple((c, row.get(c, "")) for c in table.key_columns()
+                      if c not in KEY_COLUMNS and c != INPUT_STRIDES and (row.get(c) or "").strip()))
 
 
 def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str) -> None:
@@ -134,13 +152,50 @@ def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backen
                 COUNT: str(stats.count)})
 
 
+def append_samples(table: KernelTable, samples: list, backend: str,
+                   cells: dict[str, str] | None = None) -> int:
+    """Aggregate profiled samples into rows (as `collect parse` does) and append those
+    whose key the table lacks, with their statistics as the MicroBench columns; `cells`
+    fills key columns the samples do not carry (the `EP Size` of an EP-group replay)."""
+    from perfcast.collect.parse.samples import aggregate
+
+    if not samples:
+        return 0
+    new = aggregate(samples).get(table.kernel_type)
+    if new is None:
+        return 0
+    table.ensure_columns([c for c in new.header if c not in STAT_COLUMNS])
+    table.ensure_columns(list(STAT_COLUMNS) + list(MICROBENCH_COLUMNS))
+    have = {table.key_of(r) for r in table.rows}
+    added = 0
+    for row in new.rows:
+        row.update(cells or {})
+        if table.key_of(row) in have:
+            continue
+        row.update({MB_AVG: row[AVG], MB_MEDIAN: row[MEDIAN], MB_STD: row[STD],
+                    MB_COUNT: row[COUNT], MB_BACKEND: backend})
+        table.rows.append(row)
+        added += 1
+    return added
+
+
+def _ep_of(row: dict[str, str]) -> int | None:
+    try:
+        return int(float((row.get(EP_COLUMN) or "").strip()))
+    except ValueError:
+        return None
+
+
 def replay_database(database_path: Path, backend: ReplayBackend, *,
                     ops: Sequence[str] = (), update_mode: str = "all",
                     settings: ReplaySettings | None = None, fail_fast: bool = False,
                     prune_empty_duration_rows: bool = False, max_rows: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> ReplayRun:
+                    progress: Callable[[int, int], None] | None = None,
+                    ep_size: int | None = None) -> ReplayRun:
     """Replay rows of every CSV (or of the kernel types in `ops`) and write them back.
-    `max_rows` > 0 caps the replayed rows per CSV (first rows in file order)."""
+    `max_rows` > 0 caps the replayed rows per CSV (first rows in file order); `ep_size`
+    selects the `EP Size` rows of EP-group kernel types (default: the backend's launch
+    EP size, else every row)."""
     if update_mode not in UPDATE_MODES:
         raise ConfigError(f"unknown update mode {update_mode!r}", field="--update-mode",
                           expected=" | ".join(UPDATE_MODES))
@@ -156,6 +211,9 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
                           source=str(database_path), field="--ops",
                           expected="kernel types with a {KernelType}.csv in the database")
     run = ReplayRun(Path(database_path), backend.name, update_mode)
+    if ep_size is None:
+        launch = getattr(backend, "launch", None)
+        ep_size = launch.ep_size if launch is not None else None
     selected = [tables[o] for o in ops] if ops else [t for k, t in tables.items()
                                                      if not k.startswith("hcom_")]
     plan: list[tuple[KernelTable, list[int]]] = []
@@ -163,8 +221,12 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
         if spec_for(table.kernel_type) is None:
             run.not_replayable_types.append(table.kernel_type)
             continue
-        rows = [i for i, r in enumerate(table.rows) if needs_replay(r, update_mode)]
-        run.skipped_valid += len(table.rows) - len(rows)
+        candidates = range(len(table.rows))
+        if spec_for(table.kernel_type).launch and EP_COLUMN in table.header and ep_size:
+            candidates = [i for i in candidates if _ep_of(table.rows[i]) == ep_size]
+            run.skipped_other_ep += len(table.rows) - len(candidates)
+        rows = [i for i in candidates if needs_replay(table.rows[i], update_mode)]
+        run.skipped_valid += len(candidates) - len(rows)
         if max_rows:
             rows = rows[:max_rows]
         plan.append((table, rows))
@@ -187,10 +249,17 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
                                          outcome, prof))
             if outcome.ok:
                 apply_outcome(table, i, outcome, backend.name)
+        added = 0
+        if update_mode == "all" and hasattr(backend, "take_unmatched"):
+            ep_cells = ({EP_COLUMN: str(ep_size)} if ep_size and EP_COLUMN in table.header
+                        and spec_for(table.kernel_type).launch else {})
+            added = append_samples(table, backend.take_unmatched(table.kernel_type), backend.name,
+                                   ep_cells)
+            run.appended += added
         if prune_empty_duration_rows:
             before = len(table.rows)
             table.rows = [r for r in table.rows if not needs_replay(r, "missing-only")]
             run.pruned += before - len(table.rows)
-        if rows or prune_empty_duration_rows:
+        if rows or prune_empty_duration_rows or added:
             run.written += write_tables([table])
     return run
