@@ -109,3 +109,13 @@ def test_backend_value_without_source_is_refused(tmp_path):
     bad.write_text(text.replace("  token_budget_source:", "  token_budget_note:"))
     with pytest.raises(ConfigError, match="token_budget"):
         load_backend(str(bad))
+
+
+def test_first_chunk_overhead_is_read_in_microseconds_and_optional(tmp_path):
+    text = open(load_backend("vllm").source).read()
+    assert "first_chunk_overhead_us" not in text
+    assert load_backend("vllm").overheads.first_chunk_overhead_s == 0.0
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text + '  first_chunk_overhead_us: 1500.0\n'
+                    '  first_chunk_overhead_source: "test"\n')
+    assert load_backend(str(mine)).overheads.first_chunk_overhead_s == pytest.approx(1.5e-3)
