@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", action="store_true")
     ap.add_argument("--steps", action="store_true")
     ap.add_argument("--overhead", action="append", default=[],
-                    help="BACKEND.FIELD=US, e.g. trtllm.frontend_overhead=30000 (sweeps)")
+                    help="BACKEND.FIELD=US or =true|false, e.g. trtllm.frontend_overhead=30000 (sweeps)")
     ap.add_argument("--quiet", action="store_true", help="only the per-model summary")
     args = ap.parse_args(argv)
     rows = [r for r in read_rows(Path(args.csv)) if r.get("mode") == "agg"
@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.overhead:
         key, value = item.split("=")
         backend, fld = key.split(".")
-        overheads.setdefault(backend, {})[f"{fld}_s"] = float(value) * 1e-6
+        if value in ("true", "false"):
+            overheads.setdefault(backend, {})[fld] = value == "true"
+        else:
+            overheads.setdefault(backend, {})[f"{fld}_s"] = float(value) * 1e-6
     results = validate_rows(rows, configs_dir=Path(args.model_configs), evidence_for=evidence_for,
                             overheads=overheads or None)
     wall = time.perf_counter() - t0
