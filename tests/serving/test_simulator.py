@@ -177,3 +177,33 @@ def test_kv_is_fully_released_including_one_token_outputs(admission):
     assert any(r.output_tokens == 1 for r in res.finished)
     assert res.metrics.completed_requests == 40
     assert e.kv_used == pytest.approx(0.0) and not e.running
+
+
+def test_first_chunk_overhead_shifts_ttft_only_and_frontend_delays_the_engine():
+    """One request: the front-end time is spent before the engine (TTFT and e2e grow by
+    it); the first-chunk time only delays the first chunk the client sees, so TTFT grows
+    by it, e2e does not, and TPOT = (e2e - TTFT) / (n - 1) shrinks by it / (n - 1)."""
+    cost = LinearCost(A, B)
+    fe, fc = 0.020, 0.050
+    client = ClosedLoopClient(1, LengthDistribution(500, 21), num_requests=1)
+    m = simulate(client, [engine(cost)], num_gpus=1, frontend_s=fe, first_chunk_s=fc).metrics
+    prefill, decode = A + 500 * B, A + B
+    assert m.ttft_ms["mean"] == pytest.approx((fe + prefill + fc) * 1e3)          # 130 ms
+    assert m.e2e_ms["mean"] == pytest.approx((fe + prefill + 20 * decode) * 1e3)  # 282 ms
+    assert m.tpot_ms["mean"] == pytest.approx((20 * decode - fc) / 20 * 1e3)      # 7.6 ms
+
+
+def test_first_chunk_overhead_does_not_delay_the_closed_loop():
+    """The client issues its next request when the last token arrives, so a first-chunk
+    delay leaves the engine's schedule (and the run's throughput) unchanged, while a
+    front-end delay of the same size stretches every request's cycle."""
+    cost = LinearCost(A, B)
+
+    def run(**kw):
+        client = ClosedLoopClient(4, LengthDistribution(100, 30), num_requests=40)
+        return simulate(client, [engine(cost)], num_gpus=1, **kw).metrics
+
+    base, chunk, front = run(), run(first_chunk_s=0.05), run(frontend_s=0.05)
+    assert chunk.throughput_tokens_per_s == pytest.approx(base.throughput_tokens_per_s)
+    assert chunk.ttft_ms["mean"] == pytest.approx(base.ttft_ms["mean"] + 50.0)
+    assert front.throughput_tokens_per_s < 0.9 * base.throughput_tokens_per_s

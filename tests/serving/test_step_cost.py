@@ -109,3 +109,39 @@ def test_backend_value_without_source_is_refused(tmp_path):
     bad.write_text(text.replace("  token_budget_source:", "  token_budget_note:"))
     with pytest.raises(ConfigError, match="token_budget"):
         load_backend(str(bad))
+
+
+def test_first_chunk_overhead_is_read_in_microseconds_and_optional(tmp_path):
+    text = open(load_backend("vllm").source).read()
+    assert "first_chunk_overhead_us" not in text
+    assert load_backend("vllm").overheads.first_chunk_overhead_s == 0.0
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text + '  first_chunk_overhead_us: 1500.0\n'
+                    '  first_chunk_overhead_source: "test"\n')
+    assert load_backend(str(mine)).overheads.first_chunk_overhead_s == pytest.approx(1.5e-3)
+
+
+def test_overlapped_host_sets_a_floor_instead_of_adding():
+    """Host work 2 ms + 0.1 ms per request. Without overlap it adds to the GPU time;
+    with an overlap scheduler the iteration lasts the longer of the two, so a small
+    batch pays the GPU time and a large one becomes host-bound."""
+    add = Overheads(step_overhead_s=2e-3, per_request_overhead_s=1e-4)
+    lap = Overheads(step_overhead_s=2e-3, per_request_overhead_s=1e-4, host_overlapped=True)
+    m_add, m_lap = model(interpolate=False, overheads=add), model(interpolate=False, overheads=lap)
+    assert m_add.with_host(5e-3, 10) == pytest.approx(8e-3)    # 5 + 2 + 1 ms
+    assert m_lap.with_host(5e-3, 10) == pytest.approx(5e-3)    # GPU-bound
+    assert m_lap.with_host(5e-3, 40) == pytest.approx(6e-3)    # host-bound: 2 + 4 ms
+    # whole steps and decode runs use the same rule
+    shape = StepShape(40, 300)
+    gpu = m_lap.step_s(shape)
+    assert gpu >= 6e-3 - 1e-12
+    run = m_lap.decode_run_s(40, 300.0, 3)
+    assert run[0] == pytest.approx(gpu)
+
+
+def test_host_overlapped_flag_is_read_from_the_backend_file(tmp_path):
+    text = open(load_backend("vllm").source).read()
+    assert load_backend("vllm").overheads.host_overlapped is False
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text + "  host_overlapped: true\n")
+    assert load_backend(str(mine)).overheads.host_overlapped is True

@@ -78,6 +78,8 @@ class Overheads:
     step_overhead_s: float = 0.0
     per_request_overhead_s: float = 0.0
     frontend_overhead_s: float = 0.0
+    first_chunk_overhead_s: float = 0.0
+    host_overlapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,9 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 kernel_launch_graph_s=float(ov["kernel_launch_graph_us"]) * 1e-6,
                 step_overhead_s=float(ov["step_overhead_us"]) * 1e-6,
                 per_request_overhead_s=float(ov["per_request_overhead_us"]) * 1e-6,
-                frontend_overhead_s=float(ov.get("frontend_overhead_us", 0.0)) * 1e-6),
+                frontend_overhead_s=float(ov.get("frontend_overhead_us", 0.0)) * 1e-6,
+                first_chunk_overhead_s=float(ov.get("first_chunk_overhead_us", 0.0)) * 1e-6,
+                host_overlapped=bool(ov.get("host_overlapped", False))),
             source=source)
     except KeyError as exc:
         raise ConfigError("is missing", source=source, field=str(exc.args[0])) from None

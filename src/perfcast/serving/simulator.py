@@ -53,10 +53,14 @@ class _Router:
 def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              decode_engines: Sequence[Engine] = (),
              transfer_s: Callable[[Request], float] | None = None,
-             frontend_s: float = 0.0, max_iterations: int = 50_000_000) -> SimulationResult:
+             frontend_s: float = 0.0, first_chunk_s: float = 0.0,
+             max_iterations: int = 50_000_000) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
     `decode_engines` (disagg) until every request has finished or been rejected.
-    `frontend_s`: server time before the engine sees a request (HTTP, tokenisation)."""
+    `frontend_s`: server time before the engine sees a request (HTTP, tokenisation).
+    `first_chunk_s`: time from the engine's first token to the client's first streamed
+    chunk; it delays only what the client sees first (TTFT grows by it, e2e does not,
+    so TPOT = (e2e - TTFT) / (output - 1) shrinks), never the engine's schedule."""
     disagg = bool(decode_engines)
     front = _Router(engines)
     back = _Router(decode_engines) if disagg else None
@@ -92,6 +96,8 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
         if ev.kind == "rejected":
             rejected.append(r)
         else:
+            if first_chunk_s and r.output_tokens > 1 and r.first_token_s is not None:
+                r.first_token_s = min(r.first_token_s + first_chunk_s, r.finish_s)
             finished.append(r)
         issue(client.on_finish(r, ev.time_s))
 

@@ -19,7 +19,8 @@ terms are sampled on a geometric grid of token counts and contexts (1, 2, 3, 4, 
 12, ...) and linearly interpolated between grid nodes, so a simulation of thousands
 of steps costs a few dozen graphs. Kernel-launch cost is added per kernel from the
 backend file: replayed CUDA graphs pay `kernel_launch_graph_s`, eager steps
-`kernel_launch_eager_s`; the host's per-iteration overhead is added on top.
+`kernel_launch_eager_s`; the host's per-iteration work is added on top, or overlapped
+with the GPU's (the longer of the two) for engines with an overlap scheduler.
 """
 
 from __future__ import annotations
@@ -282,8 +283,18 @@ class StepCostModel:
         part, padded = self.kernel_parts(shape)
         ov = self.overheads
         launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
-        return (part.kernel_s + part.kernels * launch + ov.step_overhead_s
-                + ov.per_request_overhead_s * shape.sequences)
+        return float(self.with_host(part.kernel_s + part.kernels * launch, shape.sequences))
+
+    def with_host(self, gpu_s, sequences: int):
+        """Iteration time from its GPU time and the host's per-iteration work
+        (`step_overhead_s + per_request_overhead_s x sequences`: scheduling, input
+        preparation, sampling bookkeeping, response handling). An engine whose host
+        prepares iteration n+1 while n runs (`host_overlapped`: TRT-LLM's and SGLang's
+        overlap schedulers) takes the longer of the two; otherwise they add up. Works on
+        floats and numpy arrays."""
+        ov = self.overheads
+        host = ov.step_overhead_s + ov.per_request_overhead_s * sequences
+        return np.maximum(gpu_s, host) if ov.host_overlapped else gpu_s + host
 
     def decode_run_s(self, requests: int, context0: float, steps: int) -> np.ndarray:
         """Latencies of `steps` consecutive decode-only iterations of `requests` requests
@@ -296,11 +307,11 @@ class StepCostModel:
         ov = self.overheads
         launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
         fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
-        base = (fixed.kernel_s + fixed.kernels * launch + ov.step_overhead_s
-                + ov.per_request_overhead_s * requests)
+        base = fixed.kernel_s + fixed.kernels * launch
         if not self.interpolate or steps <= 2:
             attn = [self.attn_decode(requests, float(c)) for c in contexts]
-            return base + np.array([a.kernel_s + a.kernels * launch for a in attn])
+            return self.with_host(base + np.array([a.kernel_s + a.kernels * launch
+                                                   for a in attn]), requests)
         lo_c = max(contexts[0], 1.0)
         hi_c = max(contexts[-1], 1.0)
         i0 = bisect.bisect_right(_NODES, lo_c) - 1
@@ -310,7 +321,7 @@ class StepCostModel:
         ys = np.array([(lambda p: p.kernel_s + p.kernels * launch)(
             self._memo(("idec", requests, n), lambda n=n: self.attn_decode(requests, n)))
             for n in nodes])
-        return base + np.interp(np.maximum(contexts, 1.0), xs, ys)
+        return self.with_host(base + np.interp(np.maximum(contexts, 1.0), xs, ys), requests)
 
     # -- memory facts -----------------------------------------------------------------------
     def memory_facts(self):
