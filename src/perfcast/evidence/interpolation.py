@@ -579,7 +579,7 @@ class InterpolatingProvider:
         return CostEstimate(
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
             provider_revision=self.revision, source_revision=view.groups[part.group][1],
-            raw_record_ids=tuple(view.record_ids[r].as_py() for r in rows),
+            raw_record_ids=tuple(view.record_ids.take(rows).to_pylist()),
             validity=FrozenDict(validity),
             uncertainty=Uncertainty(kind="interpolation", rel_std=rel_std,
                                     sample_count=len(rows)),

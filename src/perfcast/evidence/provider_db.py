@@ -40,6 +40,9 @@ from perfcast.evidence.selectors import (
 )
 
 
+_EMPTY: FrozenDict = FrozenDict()  # immutable: shared by every estimate
+
+
 @dataclass
 class _View:
     """The rows one kind of query can match and their index (built on first use)."""
@@ -164,7 +167,7 @@ class PerformanceDatabaseProvider:
         uncontrolled = sorted(k for k in query.dims if k not in selector)
         assumptions = tuple(f"evidence does not control {k}={query.dims[k]!r}"
                             for k in uncontrolled)
-        record_ids = tuple(view.record_ids[r].as_py() for r in rows)
+        record_ids = tuple(view.record_ids.take(rows).to_pylist())
         return CostEstimate(
             latency_s=median, method=EstimateMethod(group[5]),
             match_kind=MatchKind.SUBSET if uncontrolled else MatchKind.EXACT,
@@ -172,7 +175,8 @@ class PerformanceDatabaseProvider:
             raw_record_ids=record_ids, validity=FrozenDict(selector),
             uncertainty=Uncertainty(kind="samples", rel_std=spread / median,
                                     low_s=samples[0], high_s=samples[-1], sample_count=n),
-            assumptions=assumptions, bottleneck="measured", confidence=1.0)
+            assumptions=assumptions, bottleneck="measured", confidence=1.0,
+            components=_EMPTY, statistics=_EMPTY)
 
 
 def _unknown(keys: tuple[tuple[str, str], ...], facts: dict,

@@ -124,14 +124,18 @@ class Partition:
         return words
 
     def lookup(self, words: list[int]) -> list[int]:
-        """Rows whose selector words equal `words` (binary search on the hash)."""
-        h = _hash_one(words)
-        hashes = self.hashes
-        n = len(hashes)
-        lo = int(hashes.searchsorted(np.uint64(h)))
+        """Rows whose selector words equal `words`: one dict probe on the hash (built on
+        the first lookup from the sorted hashes), then an exact check of the words."""
+        starts = self.__dict__.get("_starts")
+        if starts is None:
+            uniq, first = np.unique(self.hashes, return_index=True)
+            starts = self.__dict__["_starts"] = dict(zip(uniq.tolist(), first.tolist()))
+        i = starts.get(_hash_one(words))
+        if i is None:
+            return []
+        hashes, h, n = self.hashes, self.hashes[i], len(self.hashes)
         out = []
-        i = lo
-        while i < n and int(hashes[i]) == h:
+        while i < n and hashes[i] == h:
             if self.words[i].tolist() == words:
                 out.append(int(self.rows[i]))
             i += 1
