@@ -120,6 +120,15 @@ class PerformanceDatabase:
             self._table = _conform(pq.read_table(self._lazy.path, memory_map=True))
         return self._table
 
+    def record_ids(self) -> pa.Array:
+        """The record_id column as one array (cached): indexing a chunked column
+        searches its chunks, and `take` on one copies the whole column first."""
+        ids = self.__dict__.get("_record_id_array")
+        if ids is None:
+            ids = self.__dict__["_record_id_array"] = \
+                self.table.column("record_id").combine_chunks()
+        return ids
+
     @property
     def is_lazy(self) -> bool:
         """True while the rows have not been read (a verified snapshot)."""

@@ -44,6 +44,7 @@ from perfcast.evidence.contracts import (
 )
 from perfcast.evidence.database import PerformanceDatabase, parse_selector_column
 from perfcast.evidence.records import selector_type_name
+from perfcast.evidence.provider_db import _ids
 from perfcast.evidence.records import CONTEXT_KEYS
 from perfcast.evidence.selectors import (
     RowCodes,
@@ -396,7 +397,7 @@ class InterpolatingProvider:
                                            self.specs[core[1]])
             view = self._views[key] = _InterpView(
                 parts=parts, fixed_keys=tuple(sorted({k for p in parts for k in p.fixed})),
-                need=need, record_ids=sub.table.column("record_id"),
+                need=need, record_ids=sub.record_ids(),
                 groups=row_codes(sub).groups if sub.table.num_rows else [])
         return view
 
@@ -579,7 +580,7 @@ class InterpolatingProvider:
         return CostEstimate(
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
             provider_revision=self.revision, source_revision=view.groups[part.group][1],
-            raw_record_ids=tuple(view.record_ids.take(rows).to_pylist()),
+            raw_record_ids=_ids(view.record_ids, rows),
             validity=FrozenDict(validity),
             uncertainty=Uncertainty(kind="interpolation", rel_std=rel_std,
                                     sample_count=len(rows)),

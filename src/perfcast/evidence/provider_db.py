@@ -94,7 +94,7 @@ class PerformanceDatabaseProvider:
             else:
                 schemas = [(tuple(sorted(parse_selector_column(c) for c in cols)), True)
                            for cols in db.catalog.schemas.get(core, ())]
-            view = self._views[key] = _View(index, sub.table.column("record_id"), parts,
+            view = self._views[key] = _View(index, sub.record_ids(), parts,
                                             schemas)
         return view
 
@@ -167,7 +167,7 @@ class PerformanceDatabaseProvider:
         uncontrolled = sorted(k for k in query.dims if k not in selector)
         assumptions = tuple(f"evidence does not control {k}={query.dims[k]!r}"
                             for k in uncontrolled)
-        record_ids = tuple(view.record_ids.take(rows).to_pylist())
+        record_ids = _ids(view.record_ids, rows)
         return CostEstimate(
             latency_s=median, method=EstimateMethod(group[5]),
             match_kind=MatchKind.SUBSET if uncontrolled else MatchKind.EXACT,
@@ -192,3 +192,8 @@ def _unknown(keys: tuple[tuple[str, str], ...], facts: dict,
         if kind == "str" and value not in str_values.get(selector_column(key, kind), ()):
             return f"no record with {key}={value!r}"
     return None
+
+
+def _ids(record_ids, rows: list[int]) -> tuple[str, ...]:
+    """Record ids of rows, by element (pyarrow's `take` costs an import lookup per call)."""
+    return tuple(record_ids[r].as_py() for r in rows)
