@@ -149,3 +149,15 @@ def test_store_upgrades_a_snapshot_written_without_file_digest(saved, tmp_path):
     system = load_system("h100_sxm")
     assert _answers(again, system) == _answers(db, system)
     shutil.rmtree(snap)
+
+
+def test_store_refuses_a_manifest_naming_another_digest(saved, tmp_path):
+    db, _ = saved
+    store = EvidenceStore(tmp_path / "store")
+    digest = store.put(db)
+    manifest_path = store.snapshots / digest[7:] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["digest"] = "sha256:" + "1" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(InvalidEvidenceError, match="not the snapshot's name"):
+        store.get(digest)

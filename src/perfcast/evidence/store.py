@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfcast.core.errors import ConfigError
+from perfcast.core.errors import ConfigError, InvalidEvidenceError
 from perfcast.evidence.database import MANIFEST, PARQUET_FILE, PerformanceDatabase
 
 ENV = "PERFCAST_EVIDENCE_STORE"
@@ -102,6 +102,9 @@ class EvidenceStore:
         and digest, with row-group statistics, the file's sha256 and the catalog."""
         folder = self.snapshots / self.resolve(ref)[7:]
         db = PerformanceDatabase.load(folder)
+        if db.digest != "sha256:" + folder.name:  # the manifest vouches for a lazy load
+            raise InvalidEvidenceError(f"{folder}: manifest digest {db.digest} is not the "
+                                       "snapshot's name (edited or misplaced manifest)")
         if not db.is_lazy and json.loads((folder / MANIFEST).read_text()).get(
                 "file", PARQUET_FILE) == PARQUET_FILE:
             self._upgrade(folder, db)
