@@ -55,6 +55,7 @@ QUERIES = [
     dict(m=64, n=1024, k=4096),                                              # free record
     dict(m=64, n=1024, k=4096, runtime="sglang"),
     dict(m=64, n=1024, k=4096, runtime="vllm", dtype="fp8"),
+    dict(m=64, n=1024, k=4096, dtype="fp8"),                                 # needs runtime
     dict(m=16, n=1024, k=4096),                                              # ambiguous
     dict(m=64, n=1024, k=4096.0, runtime="vllm", revision="0.19.0", implementation="cutlass"),
     dict(m=5000, n=1024, k=4096, runtime="vllm", revision="0.19.0", implementation="cutlass"),
@@ -93,6 +94,9 @@ def test_lazy_snapshot_answers_like_the_database_in_memory(saved):
     kinds = [w[0] if isinstance(w, tuple) else w["method"] for w in want]
     # the set covers hits, interpolation, misses down to the roofline and ambiguity
     assert {"measured", "interpolated", "analytical", "ambiguous"} <= set(kinds)
+    reasons = [a["reason"] for w in got if isinstance(w, dict) for a in w["attempts"]]
+    assert "no partition matches the query's fixed selectors (records need runtime)" \
+        in reasons
     assert lazy.table.num_rows == len(db)  # and the whole table is there on request
     assert database._table_digest(lazy.table) == db.digest
 

@@ -28,6 +28,16 @@ class Catalog:
     schemas: Mapping[Core, tuple[tuple[str, ...], ...]]   # core -> schemas, index order
     str_values: Mapping[str, frozenset[str]]               # sel.str.<key> -> values
 
+    def fixed_keys(self, core: Core, axes: list[str]) -> set[str] | None:
+        """The non-axis selector keys of the interpolation partitions a core identity's
+        schemas form (schemas that hold every axis as a number); None if none does."""
+        out: set[str] | None = None
+        for cols in self.schemas.get(core, ()):
+            keys = [_key_kind(c) for c in cols]
+            if set(axes) <= {k for k, kind in keys if kind in ("int", "float")}:
+                out = (out or set()) | {k for k, _ in keys if k not in axes}
+        return out
+
     def to_json(self) -> dict:
         return {"schemas": [[*core, [list(s) for s in schemas]]
                             for core, schemas in sorted(self.schemas.items())],
@@ -39,6 +49,12 @@ class Catalog:
                    for item in data.get("schemas", ())}
         return cls(schemas=schemas, str_values={c: frozenset(v) for c, v
                                                 in data.get("str_values", {}).items()})
+
+
+def _key_kind(column: str) -> tuple[str, str]:
+    """'sel.int.m' -> ('m', 'int')."""
+    _, kind, key = column.split(".", 2)
+    return key, kind
 
 
 def build_catalog(table: pa.Table) -> Catalog:

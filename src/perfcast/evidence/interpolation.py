@@ -393,8 +393,8 @@ class InterpolatingProvider:
             if context is None:
                 need = {k for p in parts for k in p.fixed}
             else:
-                need = _catalog_fixed_keys(db.catalog.schemas.get(core, ()),
-                                           self.specs[core[1]])
+                axes = [a.name for a in self.specs[core[1]].axes]
+                need = db.catalog.fixed_keys(core, axes) or set()
             view = self._views[key] = _InterpView(
                 parts=parts, fixed_keys=tuple(sorted({k for p in parts for k in p.fixed})),
                 need=need, record_ids=sub.record_ids(),
@@ -406,8 +406,8 @@ class InterpolatingProvider:
             return Miss(f"no interpolation rule for {query.operation}")
         core = (query.subject.value, query.operation, query.hardware, query.dtype)
         if self.database.is_lazy:
-            known = bool(_catalog_fixed_keys(self.database.catalog.schemas.get(core, ()),
-                                             self.specs[query.operation], any_schema=True))
+            known = self.database.catalog.fixed_keys(
+                core, [a.name for a in self.specs[query.operation].axes]) is not None
         else:
             known = bool(self._view(core, query_facts(query)).parts)
         if not known:
@@ -596,23 +596,6 @@ class _InterpView:
     record_ids: object                     # record_id column of the view's rows
     groups: list[tuple[str, ...]]          # provenance group id -> tuple
     selected: dict = field(default_factory=dict)  # select() cache
-
-
-def _catalog_fixed_keys(schemas, spec: InterpolationSpec, any_schema: bool = False
-                        ) -> set[str]:
-    """Fixed selector keys of the partitions a core's schemas form: the non-axis keys of
-    every schema that holds each axis as a number (`any_schema`: a non-empty set, here
-    {""}, if only such a schema exists)."""
-    axes = {a.name for a in spec.axes}
-    out: set[str] = set()
-    for cols in schemas:
-        keys = [parse_selector_column(c) for c in cols]
-        numeric = {k for k, kind in keys if kind in ("int", "float")}
-        if axes <= numeric:
-            if any_schema:
-                return {""}
-            out |= {k for k, _ in keys if k not in axes}
-    return out
 
 
 def _static_texts(part: InterpPartition) -> dict:
