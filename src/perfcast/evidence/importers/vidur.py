@@ -174,7 +174,8 @@ class VidurProfileImporter:
         missing = [c for c in needed if c not in header]
         if missing:
             raise ConfigError(f"missing column(s) {', '.join(missing)}", source=str(path),
-                              field=missing[0], expected="a Vidur mlp, attention or network profile")
+                              field=missing[0],
+                              expected="a Vidur mlp, attention or network profile")
         ops = [op for op in COMPUTE_OPS if f"time_stats.{op}.median" in header]
         if not network and not attention and not ops:
             raise ConfigError("no time_stats.<op>.median column", source=str(path),
