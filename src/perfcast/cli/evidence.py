@@ -62,7 +62,8 @@ def import_aiconfigurator(
 
 @import_app.command("vidur")
 def import_vidur(
-    path: Annotated[Path, typer.Argument(help="Vidur *_mlp.csv, *all_reduce.csv or *send_recv.csv")],
+    path: Annotated[Path, typer.Argument(
+        help="Vidur *_mlp.csv, attention.csv, *all_reduce.csv or *send_recv.csv")],
     system: Annotated[str, typer.Option("--system", help="perfcast hardware id for the rows")],
     dtype: Annotated[str, typer.Option("--dtype", help="dtype the profile ran in (Vidur does "
                                                       "not record it)")],

@@ -46,6 +46,7 @@ def _float_token(value: float, path: str) -> str:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_ENUM_TEXT: dict[tuple[type, enum.Enum], str] = {}
 
 
 def _canonical_fields(cls: type) -> tuple[str, ...]:
@@ -76,11 +77,14 @@ def _encode(value: Any, path: str, out: list[str]) -> None:
     elif value is False:
         out.append("false")
     elif isinstance(value, enum.Enum):
-        out.append('{"$enum":')
-        out.append(json.dumps(type(value).__name__))
-        out.append(',"value":')
-        _encode(value.value, path, out)
-        out.append("}")
+        key = (type(value), value)  # str-valued enums of two classes compare equal
+        text = _ENUM_TEXT.get(key)
+        if text is None:  # members are constants: encode each once
+            sub = ['{"$enum":', json.dumps(type(value).__name__), ',"value":']
+            _encode(value.value, path, sub)
+            sub.append("}")
+            text = _ENUM_TEXT[key] = "".join(sub)
+        out.append(text)
     elif isinstance(value, int):
         out.append(str(int(value)))
     elif isinstance(value, float):
@@ -149,7 +153,20 @@ def _encode_dataclass(value: Any, path: str, out: list[str]) -> None:
     for name, text in _layout(type(value)):
         out.append(text)
         if name is not None:
-            _encode(getattr(value, name), path + "." + name, out)
+            item = getattr(value, name)
+            kind = type(item)  # the scalar fast paths of _encode, inline (same text)
+            if kind is str:
+                out.append(_json_str(item))
+            elif kind is int:
+                out.append(str(item))
+            elif kind is float and math.isfinite(item):
+                out.append(_float_token(item, ""))
+            elif item is None or kind is bool:
+                out.append("null" if item is None else "true" if item else "false")
+            elif kind is tuple and not item:
+                out.append("[]")
+            else:
+                _encode(item, path + "." + name, out)
     out.append("}")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,9 @@ from perfcast.core.dtypes import DType
 from perfcast.core.errors import ConfigError, InvalidEvidenceError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostSubject, EstimateMethod
+from perfcast.evidence.catalog import Catalog, build_catalog
 from perfcast.evidence.records import (
+    CONTEXT_KEYS,
     SELECTOR_TYPES,
     EvidenceProvenance,
     PerformanceRecord,
@@ -44,6 +47,7 @@ from perfcast.evidence.records import (
 )
 
 FORMAT = "perfcast.evidence.db/1"
+ROW_GROUP = 16_384
 MANIFEST = "manifest.json"
 PARQUET_FILE = "records.parquet"
 JSON_FILE = "records.json"
@@ -60,6 +64,25 @@ _METHODS = {m.value for m in EstimateMethod}
 _DTYPES = {d.value for d in DType} | {""}
 
 
+@dataclass(frozen=True)
+class LazyFile:
+    """A verified snapshot file whose rows are read on demand."""
+
+    path: Path
+    digest: str
+    rows: int
+    columns: tuple[str, ...]
+    catalog: Catalog
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
 def selector_column(key: str, kind: str) -> str:
     return f"{SEL_PREFIX}{kind}.{key}"
 
@@ -73,13 +96,86 @@ def parse_selector_column(name: str) -> tuple[str, str]:
 class PerformanceDatabase:
     """Immutable records + a digest. Build with `from_records`, `from_columns` or `load`."""
 
-    def __init__(self, table: pa.Table, *, name: str = "",
-                 sources: Sequence[Mapping] = (), _validated: bool = False) -> None:
-        self.table = _conform(table) if _validated else _normalise(table)
+    def __init__(self, table: pa.Table | None, *, name: str = "",
+                 sources: Sequence[Mapping] = (), _validated: bool = False,
+                 _lazy: LazyFile | None = None) -> None:
+        if table is None and _lazy is None:
+            raise ValueError("a database needs a table")
+        self._table = None if table is None else \
+            _conform(table) if _validated else _normalise(table)
+        self._lazy = _lazy
         self.name = name
         self.sources = tuple(dict(s) for s in sources)  # manifest only, not in the digest
-        self._digest: str | None = None
+        self._digest: str | None = _lazy.digest if _lazy else None
         self._row_codes = None  # integer codes cached by perfcast.evidence.selectors
+        self._catalog: Catalog | None = _lazy.catalog if _lazy else None
+        self._slices: dict[tuple, PerformanceDatabase] = {}
+
+    @property
+    def table(self) -> pa.Table:
+        """Every row (a verified snapshot reads its file on first access)."""
+        if self._table is None:
+            import pyarrow.parquet as pq
+
+            self._table = _conform(pq.read_table(self._lazy.path, memory_map=True))
+        return self._table
+
+    def record_ids(self) -> pa.Array:
+        """The record_id column as one array (cached): indexing a chunked column
+        searches its chunks, and `take` on one copies the whole column first."""
+        ids = self.__dict__.get("_record_id_array")
+        if ids is None:
+            ids = self.__dict__["_record_id_array"] = \
+                self.table.column("record_id").combine_chunks()
+        return ids
+
+    @property
+    def is_lazy(self) -> bool:
+        """True while the rows have not been read (a verified snapshot)."""
+        return self._table is None
+
+    @property
+    def catalog(self) -> Catalog:
+        """Selector schemas per core identity and string selector values (no rows)."""
+        if self._catalog is None:
+            self._catalog = build_catalog(self.table)
+        return self._catalog
+
+    def select(self, core: tuple[str, str, str, str],
+               context: Mapping[str, object]) -> PerformanceDatabase:
+        """The rows of one core identity whose context selectors (`CONTEXT_KEYS`) are
+        absent or equal (type-strict) to `context`: every row a query with these facts
+        can match, in database order. A snapshot reads only them (row-group statistics
+        skip the rest of the file). Cached: the exact and interpolating providers share
+        a slice."""
+        key = (tuple(core), tuple((k, type(v), v) for k, v in sorted(context.items())))
+        hit = self._slices.get(key)
+        if hit is None:
+            hit = self._slices[key] = self._select(core, context)
+        return hit
+
+    def _select(self, core: tuple[str, str, str, str],
+                context: Mapping[str, object]) -> PerformanceDatabase:
+        expr = None
+        for col, want in zip(CORE_COLUMNS, core):
+            term = pc.field(col) == want
+            expr = term if expr is None else expr & term
+        for col in self.selector_columns:
+            key, kind = parse_selector_column(col)
+            if key not in CONTEXT_KEYS:
+                continue
+            have = context.get(key)
+            term = pc.field(col).is_null()
+            if have is not None and selector_type_name(have) == kind:
+                term = term | (pc.field(col) == have)
+            expr = expr & term
+        if self._table is None:
+            import pyarrow.dataset as ds
+
+            table = ds.dataset(self._lazy.path, format="parquet").to_table(filter=expr)
+        else:
+            table = self._table.filter(expr)
+        return PerformanceDatabase(table.combine_chunks(), name=self.name, _validated=True)
 
     @property
     def digest(self) -> str:
@@ -136,11 +232,12 @@ class PerformanceDatabase:
 
     # reading ---------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.table.num_rows
+        return self._lazy.rows if self._table is None else self._table.num_rows
 
     @property
     def selector_columns(self) -> tuple[str, ...]:
-        return tuple(c for c in self.table.column_names if c.startswith(SEL_PREFIX))
+        names = self._lazy.columns if self._table is None else self._table.column_names
+        return tuple(c for c in names if c.startswith(SEL_PREFIX))
 
     def records(self) -> Iterator[PerformanceRecord]:
         for row in self.table.to_pylist():
@@ -150,8 +247,9 @@ class PerformanceDatabase:
         return _row_record(self.table.slice(index, 1).to_pylist()[0])
 
     def manifest(self) -> dict:
+        columns = self._lazy.columns if self._table is None else self._table.column_names
         return {"format": FORMAT, "digest": self.digest, "name": self.name,
-                "rows": len(self), "columns": sorted(self.table.column_names),
+                "rows": len(self), "columns": sorted(columns),
                 "sources": list(self.sources)}
 
     # persistence -----------------------------------------------------------------
@@ -163,8 +261,11 @@ class PerformanceDatabase:
         folder.mkdir(parents=True, exist_ok=True)
         manifest = self.manifest()
         if fmt == "parquet":
-            pq.write_table(self.table, folder / PARQUET_FILE)
+            # small row groups: their statistics let `select` skip most of the file
+            pq.write_table(self.table, folder / PARQUET_FILE, row_group_size=ROW_GROUP)
             manifest["file"] = PARQUET_FILE
+            manifest["file_sha256"] = file_sha256(folder / PARQUET_FILE)
+            manifest["catalog"] = self.catalog.to_json()
         elif fmt == "json":
             rows = [{k: v for k, v in row.items() if v is not None}
                     for row in self.table.to_pylist()]
@@ -189,6 +290,20 @@ class PerformanceDatabase:
             raise ConfigError(f"unsupported format {manifest.get('format')!r}",
                               source=str(mpath), field="format", expected=FORMAT)
         data = folder / manifest.get("file", PARQUET_FILE)
+        if manifest.get("file_sha256") and manifest.get("catalog") is not None \
+                and data.suffix == ".parquet":
+            # written by this version: the file's bytes are checked against the manifest
+            # (cheap); the content digest recorded next to them is then trusted
+            actual = file_sha256(data)
+            if actual != manifest["file_sha256"]:
+                raise InvalidEvidenceError(
+                    f"{data}: file sha256 {actual} does not match the manifest's "
+                    f"{manifest['file_sha256']} (file changed or corrupt)")
+            lazy = LazyFile(path=data, digest=manifest["digest"], rows=int(manifest["rows"]),
+                            columns=tuple(manifest["columns"]),
+                            catalog=Catalog.from_json(manifest["catalog"]))
+            return cls(None, name=manifest.get("name", ""),
+                       sources=manifest.get("sources", ()), _lazy=lazy)
         if data.suffix == ".json":
             payload = json.loads(data.read_text())
             table = _table_from_rows(payload["rows"], manifest.get("columns", ()))
@@ -303,7 +418,7 @@ def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, li
     """(int64 code per row, -1 for null; the distinct values), without concatenating
     the chunks (copying a million strings costs more than encoding them)."""
     chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
-    if chunked.num_chunks == 0:
+    if chunked.num_chunks == 0 or len(chunked) == 0:
         return np.zeros(0, dtype=np.int64), []
     enc = chunked.dictionary_encode().unify_dictionaries()
     codes = np.concatenate([np.asarray(c.indices.fill_null(-1).to_numpy(), dtype=np.int64)

@@ -44,7 +44,15 @@ from perfcast.evidence.contracts import (
 )
 from perfcast.evidence.database import PerformanceDatabase, parse_selector_column
 from perfcast.evidence.records import selector_type_name
-from perfcast.evidence.selectors import RowCodes, _combine, query_facts, row_codes
+from perfcast.evidence.provider_db import _ids
+from perfcast.evidence.records import CONTEXT_KEYS
+from perfcast.evidence.selectors import (
+    RowCodes,
+    _combine,
+    core_rows,
+    query_facts,
+    row_codes,
+)
 from perfcast.evidence.work_model import ROOFLINES, TIED
 from perfcast.hardware.model import System
 
@@ -213,19 +221,22 @@ def _coords(rc: RowCodes, rows: np.ndarray, name: str) -> np.ndarray:
 
 
 def build_partitions(db: PerformanceDatabase, system: System | None,
-                     specs: dict[str, InterpolationSpec] | None = None
+                     specs: dict[str, InterpolationSpec] | None = None,
+                     core: tuple[str, str, str, str] | None = None
                      ) -> dict[tuple[str, str, str, str], list[InterpPartition]]:
+    """Every partition, or only those of one core identity (the same partitions)."""
     specs = SPECS if specs is None else specs
     rc = row_codes(db)
     if not rc.n:
         return {}
     op_dict = rc.core_dicts[1]
+    in_core = core_rows(rc, core) if core is not None else None
     out: dict[tuple[str, str, str, str], list[InterpPartition]] = {}
     for op_code, op in enumerate(op_dict):
         spec = specs.get(op)
-        if spec is None:
+        if spec is None or (core is not None and op != core[1]):
             continue
-        rows = np.nonzero(rc.core_codes[1] == op_code)[0]
+        rows = np.nonzero(rc.core_codes[1] == op_code)[0] if in_core is None else in_core
         axis_names = [a.name for a in spec.axes]
         coords = {a: _coords(rc, rows, a) for a in axis_names}
         ok = np.all([np.isfinite(coords[a]) & (coords[a] > 0) for a in axis_names], axis=0)
@@ -354,59 +365,94 @@ class InterpolatingProvider:
             "database": database.digest, "system": system.digest if system else "",
             "policy": policy, "max_extrapolation": max_extrapolation,
             "specs": {op: repr(s) for op, s in self.specs.items()}})[:23]
-        self.partitions = build_partitions(database, system, self.specs)
-        # the fixed selectors that tell partitions apart, per core identity; select() is
-        # cached on the query's values for them (contexts repeat across queries)
-        self._fixed_keys = {core: tuple(sorted({k for p in parts for k in p.fixed}))
-                            for core, parts in self.partitions.items()}
-        self._selected: dict[tuple, InterpPartition | Miss | Exception] = {}
-        self._record_ids = database.table.column("record_id")  # chunked: no copy
-        self._groups = row_codes(database).groups
+        self._views: dict[tuple, _InterpView] = {}
+        self._partitions: dict | None = None
+
+    @property
+    def partitions(self) -> dict[tuple[str, str, str, str], list[InterpPartition]]:
+        """Every partition of the whole database (reads every row; row indices are the
+        database's: for inspection and leave-one-out)."""
+        if self._partitions is None:
+            self._partitions = build_partitions(self.database, self.system, self.specs)
+        return self._partitions
+
+    def _view(self, core: tuple, facts: dict) -> _InterpView:
+        """Partitions of one core identity, built on first use; for an unread snapshot
+        (`database.is_lazy`) from the rows of the query's runtime, revision and kernel
+        only (partitions are split by those selectors, so the same ones match)."""
+        db = self.database
+        if db.is_lazy:
+            context = {k: facts[k] for k in CONTEXT_KEYS if k in facts}
+            key = (core, tuple((k, type(v), v) for k, v in context.items()))
+        else:
+            key, context = (core,), None
+        view = self._views.get(key)
+        if view is None:
+            sub = db.select(core, context) if context is not None else db
+            parts = build_partitions(sub, self.system, self.specs, core).get(core, [])
+            if context is None:
+                need = {k for p in parts for k in p.fixed}
+            else:
+                axes = [a.name for a in self.specs[core[1]].axes]
+                need = db.catalog.fixed_keys(core, axes) or set()
+            view = self._views[key] = _InterpView(
+                parts=parts, fixed_keys=tuple(sorted({k for p in parts for k in p.fixed})),
+                need=need, record_ids=sub.record_ids(),
+                groups=row_codes(sub).groups if sub.table.num_rows else [])
+        return view
 
     def supports(self, query: CostQuery) -> bool | Miss:
         if query.operation not in self.specs:
             return Miss(f"no interpolation rule for {query.operation}")
-        if (query.subject.value, query.operation, query.hardware, query.dtype) \
-                not in self.partitions:
+        core = (query.subject.value, query.operation, query.hardware, query.dtype)
+        if self.database.is_lazy:
+            known = self.database.catalog.fixed_keys(
+                core, [a.name for a in self.specs[query.operation].axes]) is not None
+        else:
+            known = bool(self._view(core, query_facts(query)).parts)
+        if not known:
             return Miss(f"no records for {query.operation} {query.dtype} on {query.hardware}")
         return True
 
     def select(self, query: CostQuery) -> InterpPartition | Miss:
+        return self._select_in_view(query)[1]
+
+    def _select_in_view(self, query: CostQuery) -> tuple[_InterpView, InterpPartition | Miss]:
         facts = query_facts(query)
         core = (query.subject.value, query.operation, query.hardware, query.dtype)
         spec = self.specs[query.operation]
+        view = self._view(core, facts)
         for a in spec.axes:
             v = facts.get(a.name)
             if v is None or selector_type_name(v) not in ("int", "float") or v <= 0:
-                return Miss(f"query lacks a positive numeric {a.name}")
+                return view, Miss(f"query lacks a positive numeric {a.name}")
         ties = tuple((type(facts.get(f)), facts.get(f) == facts.get(lead))
                      for f, lead in spec.ties)  # only whether follower equals leader
-        key = (core, tuple((k, type(facts.get(k)), facts.get(k))
-                           for k in self._fixed_keys.get(core, ())), ties)
-        found = self._selected.get(key)
+        key = (tuple((k, type(facts.get(k)), facts.get(k)) for k in view.fixed_keys), ties)
+        found = view.selected.get(key)
         if found is None:
             try:
-                found = self._select(facts, core, spec)
+                found = self._select(facts, core, view)
             except AmbiguousEvidenceError as exc:
                 found = exc
-            if len(self._selected) > 100_000:
-                self._selected.clear()
-            self._selected[key] = found
+            if len(view.selected) > 100_000:
+                view.selected.clear()
+            view.selected[key] = found
         if isinstance(found, Exception):
             raise found
-        return found
+        return view, found
 
-    def _select(self, facts: dict, core: tuple, spec: InterpolationSpec
+    def _select(self, facts: dict, core: tuple, view: _InterpView
                 ) -> InterpPartition | Miss:
-        parts = self.partitions.get(core, [])
+        parts = view.parts
         matched = [p for p in parts if p.matches(facts)]
         if not matched:
-            need = sorted({k for p in parts for k in p.fixed if k not in facts})
+            need = sorted(k for k in view.need if k not in facts)
             return Miss("no partition matches the query's fixed selectors"
                         + (f" (records need {', '.join(need)})" if need else ""))
         top = [p for p in matched if p.specificity == matched[0].specificity]
         if len({p.group for p in top}) > 1:
-            groups = sorted({self._groups[p.group][1] for p in top})
+            groups = sorted({view.groups[p.group][1] for p in top})
             raise AmbiguousEvidenceError(
                 f"{core[1]} on {core[2]}: interpolation could use "
                 f"{len(groups)} equally specific evidence groups ({'; '.join(groups)}); "
@@ -507,7 +553,7 @@ class InterpolatingProvider:
         return cached
 
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
-        part = self.select(query)
+        view, part = self._select_in_view(query)
         if isinstance(part, Miss):
             return part
         facts = query_facts(query)
@@ -533,13 +579,23 @@ class InterpolatingProvider:
         components = {"distance_" + k: v for k, v in distances.items()}
         return CostEstimate(
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
-            provider_revision=self.revision, source_revision=self._groups[part.group][1],
-            raw_record_ids=tuple(self._record_ids[r].as_py() for r in rows),
+            provider_revision=self.revision, source_revision=view.groups[part.group][1],
+            raw_record_ids=_ids(view.record_ids, rows),
             validity=FrozenDict(validity),
             uncertainty=Uncertainty(kind="interpolation", rel_std=rel_std,
                                     sample_count=len(rows)),
             components=FrozenDict(components), assumptions=tuple(assumptions),
             bottleneck="measured", confidence=confidence)
+
+
+@dataclass
+class _InterpView:
+    parts: list[InterpPartition]           # most specific first
+    fixed_keys: tuple[str, ...]            # fixed selectors that tell them apart
+    need: set[str]                         # fixed keys of the core's partitions
+    record_ids: object                     # record_id column of the view's rows
+    groups: list[tuple[str, ...]]          # provenance group id -> tuple
+    selected: dict = field(default_factory=dict)  # select() cache
 
 
 def _static_texts(part: InterpPartition) -> dict:

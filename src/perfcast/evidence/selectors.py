@@ -124,14 +124,18 @@ class Partition:
         return words
 
     def lookup(self, words: list[int]) -> list[int]:
-        """Rows whose selector words equal `words` (binary search on the hash)."""
-        h = _hash_one(words)
-        hashes = self.hashes
-        n = len(hashes)
-        lo = int(hashes.searchsorted(np.uint64(h)))
+        """Rows whose selector words equal `words`: one dict probe on the hash (built on
+        the first lookup from the sorted hashes), then an exact check of the words."""
+        starts = self.__dict__.get("_starts")
+        if starts is None:
+            uniq, first = np.unique(self.hashes, return_index=True)
+            starts = self.__dict__["_starts"] = dict(zip(uniq.tolist(), first.tolist()))
+        i = starts.get(_hash_one(words))
+        if i is None:
+            return []
+        hashes, h, n = self.hashes, self.hashes[i], len(self.hashes)
         out = []
-        i = lo
-        while i < n and int(hashes[i]) == h:
+        while i < n and hashes[i] == h:
             if self.words[i].tolist() == words:
                 out.append(int(self.rows[i]))
             i += 1
@@ -251,36 +255,54 @@ def row_codes(db: PerformanceDatabase) -> RowCodes:
     return codes
 
 
-def build_index(db: PerformanceDatabase) -> SelectorIndex:
+def core_rows(rc: RowCodes, core: tuple[str, str, str, str] | None) -> np.ndarray:
+    """Row indices of one core identity (all rows for None), in database order."""
+    if core is None:
+        return np.arange(rc.n)
+    mask = np.ones(rc.n, dtype=bool)
+    for codes, values, want in zip(rc.core_codes, rc.core_dicts, core):
+        try:
+            mask &= codes == values.index(want)
+        except ValueError:
+            return np.zeros(0, dtype=np.int64)
+    return np.nonzero(mask)[0]
+
+
+def build_index(db: PerformanceDatabase,
+                core: tuple[str, str, str, str] | None = None) -> SelectorIndex:
+    """The exact-match index of every row, or only of one core identity's rows (the
+    partitions are the same as in the whole index)."""
     rc = row_codes(db)
-    n, sel_cols, core_codes, valid_all = rc.n, rc.sel_cols, rc.core_codes, rc.valid
+    sel_cols, valid_all = rc.sel_cols, rc.valid
     words_all, code_maps = rc.words, rc.code_maps
+    sub = core_rows(rc, core)
+    n = len(sub)
     by_core: dict[tuple[str, str, str, str], list[Partition]] = {}
     if n:
         if sel_cols:
-            packed = np.ascontiguousarray(np.packbits(valid_all, axis=1))
+            packed = np.ascontiguousarray(np.packbits(valid_all[sub], axis=1))
             schema = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
             _, schema_code = np.unique(schema, return_inverse=True)
         else:
             schema_code = np.zeros(n, dtype=np.int64)
-        inverse, firsts = _combine([*core_codes, schema_code.reshape(-1)], n)
+        inverse, firsts = _combine([*(c[sub] for c in rc.core_codes),
+                                    schema_code.reshape(-1)], n)
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
         for p in range(len(firsts)):
-            rows = order[bounds[p]:bounds[p + 1]]
+            rows = sub[order[bounds[p]:bounds[p + 1]]]
             first = rows[0]
-            core = rc.core_of(first)
+            core_p = rc.core_of(first)
             cols = [j for j in range(len(sel_cols)) if valid_all[first, j]]
             cols.sort(key=lambda j: parse_selector_column(sel_cols[j]))
             keys = tuple(parse_selector_column(sel_cols[j]) for j in cols)
             words = words_all[np.ix_(rows, cols)] if cols else np.zeros((len(rows), 0), np.int64)
             hashes = _hash_rows(words)
             srt = np.argsort(hashes, kind="stable")
-            part = Partition(core=core, keys=keys, rows=rows[srt], hashes=hashes[srt],
+            part = Partition(core=core_p, keys=keys, rows=rows[srt], hashes=hashes[srt],
                              words=words[srt], codes=tuple(code_maps[j] for j in cols))
-            by_core.setdefault(core, []).append(part)
+            by_core.setdefault(core_p, []).append(part)
         for parts in by_core.values():
             parts.sort(key=lambda p: -p.specificity)
     return SelectorIndex(by_core=by_core, group_of_row=rc.group_of_row, groups=rc.groups,
                          latency_s=rc.latency_s)
-

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfcast.core.errors import ConfigError
-from perfcast.evidence.database import MANIFEST, PerformanceDatabase
+from perfcast.core.errors import ConfigError, InvalidEvidenceError
+from perfcast.evidence.database import MANIFEST, PARQUET_FILE, PerformanceDatabase
 
 ENV = "PERFCAST_EVIDENCE_STORE"
 
@@ -96,7 +96,33 @@ class EvidenceStore:
         return json.loads((self.snapshots / digest[7:] / MANIFEST).read_text())
 
     def get(self, ref: str) -> PerformanceDatabase:
-        return PerformanceDatabase.load(self.snapshots / self.resolve(ref)[7:])
+        """The snapshot; its rows are read on demand (`PerformanceDatabase.load`). A
+        snapshot stored by an earlier version (no file digest in its manifest) is
+        verified in full once and rewritten in the current layout: the same content
+        and digest, with row-group statistics, the file's sha256 and the catalog."""
+        folder = self.snapshots / self.resolve(ref)[7:]
+        db = PerformanceDatabase.load(folder)
+        if db.digest != "sha256:" + folder.name:  # the manifest vouches for a lazy load
+            raise InvalidEvidenceError(f"{folder}: manifest digest {db.digest} is not the "
+                                       "snapshot's name (edited or misplaced manifest)")
+        if not db.is_lazy and json.loads((folder / MANIFEST).read_text()).get(
+                "file", PARQUET_FILE) == PARQUET_FILE:
+            self._upgrade(folder, db)
+        return db
+
+    def _upgrade(self, folder: Path, db: PerformanceDatabase) -> None:
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+        try:
+            db.save(tmp)
+            if json.loads((tmp / MANIFEST).read_text())["digest"] != db.digest:
+                return
+            # data first: an old manifest over the new file still verifies (same content)
+            os.replace(tmp / PARQUET_FILE, folder / PARQUET_FILE)
+            os.replace(tmp / MANIFEST, folder / MANIFEST)
+        except OSError:
+            pass  # a read-only store keeps working, only slower
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def list(self) -> list[dict]:
         return [json.loads((self.snapshots / d[7:] / MANIFEST).read_text())

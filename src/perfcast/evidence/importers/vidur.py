@@ -20,6 +20,18 @@ Compute ops (head_dim = n_embd / n_head, tp = num_tensor_parallel_workers, t = n
 | mlp_act | activation | tokens=t, numel=t n_expanded_embd / tp |
 | add | add | tokens=t, numel=t n_embd |
 
+Attention profiles (`attention.csv`: one row per `is_prefill`, `batch_size`,
+`prefill_chunk_size`, `kv_cache_size`, model and tp), operation `attention`:
+
+| row | latency column | selector |
+|---|---|---|
+| is_prefill true | time_stats.attn_prefill.median | batch=batch_size, q_tokens=prefill_chunk_size, kv_len=kv_cache_size + q_tokens, phase=prefill |
+| is_prefill false | time_stats.attn_decode.median | batch=batch_size, q_tokens=1, kv_len=kv_cache_size + 1, phase=decode |
+
+plus heads = n_q_head / tp, kv_heads = max(1, n_kv_head / tp), head_dim = v_head_dim =
+n_embd / n_q_head, kv_dtype = the declared dtype, implementation = `attention_backend`
+as written. The KV-cache save and reshape timings of those rows are not imported.
+
 Network rows: operation = `collective`, message_bytes = `size` (bytes), participants =
 `num_workers`, plus `nodes` = ceil(num_workers / devices_per_node) when the group spans
 more than one node (state it with `--op-dim send_recv:nodes=2`).
@@ -45,6 +57,9 @@ IMPORTER_REVISION = "1"
 MODEL_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens",
                  "num_tensor_parallel_workers", "use_gated_mlp")
 NETWORK_COLUMNS = ("num_workers", "size", "collective", "devices_per_node")
+ATTENTION_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers",
+                     "batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill",
+                     "attention_backend")
 
 Dims = dict[str, int]
 
@@ -101,6 +116,37 @@ def _median_s(row: dict, op: str, where: str, path: Path) -> float:
     return value
 
 
+def _attention(row: dict, where: str, path: Path, dtype: str) -> tuple[str, dict]:
+    """(Vidur op of the latency column, selector) of one attention.csv row."""
+    flag = str(row["is_prefill"]).strip().lower()
+    if flag not in ("true", "false"):
+        raise ConfigError(f"{where}: is_prefill {row['is_prefill']!r}", source=str(path),
+                          field="is_prefill", expected="True or False")
+    prefill = flag == "true"
+    n = {c: _int(row, c, where, path) for c in ATTENTION_COLUMNS[:7]}
+    tp = n["num_tensor_parallel_workers"]
+    if min(n["n_embd"], n["n_q_head"], n["n_kv_head"], tp, n["batch_size"]) <= 0 \
+            or n["n_embd"] % n["n_q_head"] or n["n_q_head"] % tp:
+        raise ConfigError(f"{where}: model or parallel sizes {n} do not divide",
+                          source=str(path), field="n_embd")
+    q_tokens = n["prefill_chunk_size"] if prefill else 1
+    if q_tokens <= 0 or n["kv_cache_size"] < 0:
+        raise ConfigError(f"{where}: a prefill row needs prefill_chunk_size > 0 and every "
+                          "row kv_cache_size >= 0", source=str(path),
+                          field="prefill_chunk_size")
+    backend = str(row["attention_backend"]).strip()
+    if not backend:
+        raise ConfigError(f"{where}: empty attention_backend", source=str(path),
+                          field="attention_backend")
+    head_dim = n["n_embd"] // n["n_q_head"]
+    return ("attn_prefill" if prefill else "attn_decode"), {
+        "batch": n["batch_size"], "q_tokens": q_tokens,
+        "kv_len": n["kv_cache_size"] + q_tokens, "heads": n["n_q_head"] // tp,
+        "kv_heads": max(1, n["n_kv_head"] // tp), "head_dim": head_dim,
+        "v_head_dim": head_dim, "kv_dtype": dtype,
+        "phase": "prefill" if prefill else "decode", "implementation": backend}
+
+
 class VidurProfileImporter:
     name = IMPORTER
     revision = IMPORTER_REVISION
@@ -122,13 +168,16 @@ class VidurProfileImporter:
         digest = file_digest(path)
         rev = source_revision or f"vidur:{path.name}"
         network = "collective" in header
-        needed = NETWORK_COLUMNS if network else MODEL_COLUMNS
+        attention = "is_prefill" in header
+        needed = NETWORK_COLUMNS if network else ATTENTION_COLUMNS if attention \
+            else MODEL_COLUMNS
         missing = [c for c in needed if c not in header]
         if missing:
             raise ConfigError(f"missing column(s) {', '.join(missing)}", source=str(path),
-                              field=missing[0], expected="a Vidur mlp or network profile")
+                              field=missing[0],
+                              expected="a Vidur mlp, attention or network profile")
         ops = [op for op in COMPUTE_OPS if f"time_stats.{op}.median" in header]
-        if not network and not ops:
+        if not network and not attention and not ops:
             raise ConfigError("no time_stats.<op>.median column", source=str(path),
                               expected="one of " + ", ".join(COMPUTE_OPS))
         records = []
@@ -154,6 +203,11 @@ class VidurProfileImporter:
                 if nodes > 1:
                     selector["nodes"] = nodes
                 records.append(record(i, op, CostSubject.COMMUNICATION, op, selector,
+                                      _median_s(row, op, where, path)))
+                continue
+            if attention:
+                op, selector = _attention(row, where, path, dt)
+                records.append(record(i, op, CostSubject.OPERATOR, "attention", selector,
                                       _median_s(row, op, where, path)))
                 continue
             d = {"t": _int(row, "num_tokens", where, path),
