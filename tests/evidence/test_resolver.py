@@ -98,3 +98,20 @@ def test_roofline_answers_after_database_miss(round_system):
     res = CostResolver([FixedProvider("db"), RooflineCostProvider(round_system)]).resolve(QUERY)
     assert res.estimate.provider == "roofline"
     assert res.estimate.latency_s == pytest.approx(2e12 / 100e12)
+
+
+def test_cache_is_type_strict_on_selector_values():
+    from perfcast.core.frozen import FrozenDict
+
+    a = FixedProvider("a", 1.0)
+    r = CostResolver([a])
+    q_int = CostQuery(subject=CostSubject.OPERATOR, operation="gemm", hardware="round",
+                      dtype="bf16", flops=1.0, dims=FrozenDict({"m": 1}))
+    q_float = CostQuery(subject=CostSubject.OPERATOR, operation="gemm", hardware="round",
+                        dtype="bf16", flops=1.0, dims=FrozenDict({"m": 1.0}))
+    q_bool = CostQuery(subject=CostSubject.OPERATOR, operation="gemm", hardware="round",
+                       dtype="bf16", flops=1.0, dims=FrozenDict({"m": True}))
+    for q in (q_int, q_float, q_bool):
+        assert r.resolve(q).query_digest == q.digest
+    assert a.calls == 3
+    assert len({q_int.digest, q_float.digest, q_bool.digest}) == 3

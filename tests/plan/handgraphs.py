@@ -44,8 +44,7 @@ def task(lineage: str, latency_s: float, deps=(), *, comm: bool = False, partici
     est = CostEstimate(latency_s=latency_s, method=EstimateMethod.ANALYTICAL,
                        match_kind=MatchKind.DECLARED, provider="hand", provider_revision="1",
                        components=comps)
-    return CostedTask(t, Resolution(query_digest="hand:" + lineage, estimate=est, attempts=(),
-                                    policy="hand"))
+    return CostedTask(t, Resolution(estimate=est, attempts=(), policy="hand"))
 
 
 _MODEL = load_model_spec("meta-llama/Llama-3.1-8B")

@@ -175,8 +175,13 @@ class Attempt(Record):
 class Resolution(Record):
     """The resolver's answer for one query, with its full attempts trace."""
 
-    query_digest: str
     estimate: CostEstimate
     attempts: tuple[Attempt, ...]
     policy: str
     alternatives: tuple[CostEstimate, ...] = ()
+    query: CostQuery | None = None
+
+    @property
+    def query_digest(self) -> str:
+        """Digest of the query answered (computed on demand: it costs a canonical encoding)."""
+        return self.query.digest if self.query is not None else ""

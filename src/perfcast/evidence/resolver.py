@@ -37,7 +37,8 @@ class CostResolver:
     * `InvalidEvidenceError` (including ambiguity) propagates: no fallback hides it.
     * If every provider misses, `UnresolvedCostError` carries the attempts: an unknown
       cost never becomes zero.
-    * Answers are cached by the digest of (query, provider identities, policy).
+    * Answers are cached per resolver (fixed providers and policy) by the exact, type-strict
+      identity of the query.
     """
 
     def __init__(self, providers: Sequence[CostProvider], policy: ResolverPolicy | None = None,
@@ -46,7 +47,7 @@ class CostResolver:
             raise ValueError("a CostResolver needs at least one provider")
         self.providers = tuple(providers)
         self.policy = policy or ResolverPolicy()
-        self._cache: dict[str, Resolution] = {}
+        self._cache: dict[tuple, Resolution] = {}
         self._cache_size = cache_size
         self.identity = content_digest("perfcast.CostResolver", {
             "providers": [[p.name, p.revision] for p in self.providers],
@@ -54,17 +55,17 @@ class CostResolver:
         })
 
     def resolve(self, query: CostQuery) -> Resolution:
-        qd = query.digest
-        cached = self._cache.get(qd)
+        key = _cache_key(query)
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
-        resolution = self._resolve_uncached(query, qd)
+        resolution = self._resolve_uncached(query)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
-        self._cache[qd] = resolution
+        self._cache[key] = resolution
         return resolution
 
-    def _resolve_uncached(self, query: CostQuery, query_digest: str) -> Resolution:
+    def _resolve_uncached(self, query: CostQuery) -> Resolution:
         attempts: list[Attempt] = []
         winner: CostEstimate | None = None
         alternatives: list[CostEstimate] = []
@@ -99,8 +100,19 @@ class CostResolver:
             raise UnresolvedCostError(
                 f"no provider could cost {query.operation} ({query.operator or query.subject.value})"
                 f" on {query.hardware}", tuple(attempts))
-        return Resolution(query_digest=query_digest, estimate=winner, attempts=tuple(attempts),
-                          policy=self.policy.name, alternatives=tuple(alternatives))
+        return Resolution(estimate=winner, attempts=tuple(attempts), policy=self.policy.name,
+                          alternatives=tuple(alternatives), query=query)
+
+
+def _cache_key(query: CostQuery) -> tuple:
+    """Exact semantic identity of a query, cheaper than its canonical digest.
+
+    Dataclass equality treats 1, 1.0 and True as equal; selectors are type-strict, so the
+    key adds the type of every selector value (dims and per-operation context dims)."""
+    ctx_dims = query.context.operation_dimensions
+    return (query,
+            tuple(type(v) for v in query.dims.values()),
+            tuple(tuple(type(v) for v in d.values()) for d in ctx_dims.values()))
 
 
 def _check_estimate(provider: CostProvider, estimate: CostEstimate) -> None:
