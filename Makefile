@@ -18,6 +18,7 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/perfcast estimate meta-llama/Llama-3.1-8B --device h100_sxm --tp-size 1 --num-queries 1 --query-length 2048
 	$(BIN)/perfcast estimate meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --num-queries 64 --query-length 1 --context-length 4096 --decode
+	$(BIN)/perfcast serve meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --concurrency 64 --isl 1024 --osl 1024
 
 test: venv
 	$(BIN)/python -m pytest -n 2 tests
