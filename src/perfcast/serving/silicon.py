@@ -153,10 +153,26 @@ def _precision(row: dict, model: ModelSpec, rules: dict) -> Precision:
     return precision_for_model(model, linear_action=action, kv_cache_dtype=kv)
 
 
+def _unlabelled_attention_dp(row: dict, tp: int) -> bool:
+    """True when a row's attention-DP field is empty while its client concurrency is
+    `batch_size x tp_size`: `batch_size` is per attention rank (concurrency = batch_size x
+    attention-dp everywhere else in the file), so the engine ran attention data-parallel
+    over its `tp_size` GPUs (TRT-LLM `enable_attention_dp` with tensor_parallel_size = tp,
+    MoE still split moe_tp x moe_ep = tp) and the database left the field unfilled."""
+    if tp < 2 or (row.get("attention_dp_size") or "").strip():
+        return False
+    per_rank = _num(row, "batch_size", required=False)
+    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
+    return bool(m and per_rank and int(m.group(1)) != per_rank
+                and int(m.group(1)) == per_rank * tp)
+
+
 def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
+    if _unlabelled_attention_dp(row, tp):
+        tp, adp = 1, tp
     ep = _int(row, "moe_ep_size", 1) or 1
     moe_tp = _int(row, "moe_tp_size", 0)
     if tp < 1 or pp < 1:
@@ -217,6 +233,9 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         plan, adp = _agg_layout(row, rules)
         per_rank = _int(row, "batch_size")
         conc = _concurrency(row, per_rank * adp)
+        if _unlabelled_attention_dp(row, _int(row, "tp_size")):
+            notes.append(f"attention-dp {adp} (attention TP 1) inferred: concurrency {conc} = "
+                         f"batch_size {per_rank} x tp_size {adp}, attention_dp_size empty")
         if conc != per_rank * adp:
             notes.append(f"concurrency {conc} from silicon_data_source (batch_size x "
                          f"attention-dp = {per_rank * adp})")
