@@ -125,3 +125,36 @@ def test_empty_attention_dp_with_concurrency_batch_times_tp_means_attention_dp()
     assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 192)
     cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=48")
     assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 48)
+
+
+def test_campaign_client_cap_limits_requests_in_flight():
+    # the 2026-04-06 campaign's client keeps at most 100 requests in flight: at C=512 the
+    # engine runs 100, the others wait at the client; C=64 is untouched
+    kw = dict(backend="vllm", backend_version="0.18.0", batch_size="512", tp_size="8",
+              moe_tp_size="8", attention_dp_size="1")
+    src = "source_file=2026-04-06.csv; model=X; silicon_concurrency={}"
+    cfg, notes = _agg_row(silicon_data_source=src.format(512), **kw)
+    assert cfg.concurrency == 512 and cfg.backend.scheduler.max_running_requests == 100
+    assert any("in flight capped at 100" in n for n in notes)
+    cfg, _ = _agg_row(silicon_data_source=src.format(64), **dict(kw, batch_size="64"))
+    assert cfg.backend.scheduler.max_running_requests == 1024
+    cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=512", **kw)
+    assert cfg.backend.scheduler.max_running_requests == 1024
+
+
+def test_in_flight_cap_turns_client_concurrency_into_queueing_ttft():
+    # Little's law on the capped engine: 100 in service, so a closed loop of 512 clients
+    # spends about (512 / 100 - 1) service times waiting; TPOT is that of 100 running
+    from perfcast.serving.silicon import validate_rows as run
+    row = dict(read_rows(FIXTURE)[0])
+    base = dict(row, backend="vllm", backend_version="0.18.0", mode="agg", isl="128",
+                osl="64", batch_size="512", tp_size="8", pp_size="1", attention_dp_size="1",
+                moe_tp_size="", moe_ep_size="1")
+    capped, free = run([dict(base, silicon_data_source="source_file=2026-04-06.csv; "
+                                                        "silicon_concurrency=512"),
+                        dict(base, silicon_data_source="silicon_concurrency=512")])
+    assert capped.predicted and free.predicted
+    service_ms = capped.pred_ttft_ms / (512 / 100 - 1)
+    e2e_ms = 64 * capped.pred_tpot_ms
+    assert 0.5 < service_ms / e2e_ms < 2.0
+    assert capped.pred_tpot_ms < free.pred_tpot_ms and capped.pred_ttft_ms > free.pred_ttft_ms

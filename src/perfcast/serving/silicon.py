@@ -256,6 +256,10 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
             step = int(budget_rule.get("round_to", 1))
             budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
         sched_changes["token_budget"] = budget
+    in_flight = _client_in_flight(row, harness, conc, notes) if mode == "agg" else None
+    if in_flight is not None:
+        sched_changes["max_running_requests"] = min(backend.scheduler.max_running_requests,
+                                                    in_flight)
     backend = backend.with_scheduler(**sched_changes)
     if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
         sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
@@ -269,14 +273,35 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
-def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
+def _campaign_rule(row: dict, harness: dict, field: str) -> dict | None:
+    """The first `harness.by_source` rule that sets `field` and whose every `match`
+    substring occurs in the row's `silicon_data_source`."""
     src = row.get("silicon_data_source") or ""
     for rule in harness.get("by_source", []):
         match = rule["match"] if isinstance(rule["match"], list) else [rule["match"]]
-        if all(m in src for m in match):
-            notes.append(f"lengths per campaign rule {match}: ratio {rule['range_ratio']}")
-            return float(rule["range_ratio"])
+        if field in rule and all(m in src for m in match):
+            return rule
+    return None
+
+
+def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
+    rule = _campaign_rule(row, harness, "range_ratio")
+    if rule is not None:
+        notes.append(f"lengths per campaign rule {rule['match']}: ratio {rule['range_ratio']}")
+        return float(rule["range_ratio"])
     return float(harness.get("range_ratio", 1.0))
+
+
+def _client_in_flight(row: dict, harness: dict, conc: int, notes: list[str]) -> int | None:
+    """The campaign client's cap on requests in flight, when it is below the client
+    concurrency: the other clients wait for a connection, and that wait is part of
+    their TTFT (the client starts its clock before it asks for a connection)."""
+    rule = _campaign_rule(row, harness, "max_in_flight")
+    if rule is None or int(rule["max_in_flight"]) >= conc:
+        return None
+    notes.append(f"client in flight capped at {rule['max_in_flight']} of {conc} per campaign "
+                 f"rule {rule['match']}")
+    return int(rule["max_in_flight"])
 
 
 def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
