@@ -45,6 +45,7 @@ class KVCacheConfig:
     memory_fraction: float = 0.9
     fraction_of: str = "total"          # total | free_after_weights
     activation_reserve_gib: float = 0.0
+    sampler_profile_bytes_per_logit: float = 0.0  # x max running requests x vocab
 
     def __post_init__(self) -> None:
         if self.admission not in ADMISSIONS:
@@ -159,7 +160,9 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 admission=str(kv["admission"]), block_tokens=int(kv["block_tokens"]),
                 memory_fraction=float(kv["memory_fraction"]),
                 fraction_of=str(kv.get("fraction_of", "total")),
-                activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0))),
+                activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0)),
+                sampler_profile_bytes_per_logit=float(
+                    kv.get("sampler_profile_bytes_per_logit", 0.0))),
             cuda_graph=CudaGraphConfig(
                 decode_only=bool(cg["decode_only"]), max_batch=int(cg["max_batch"]),
                 capture_sizes=tuple(sorted(int(x) for x in cg["capture_sizes"]))),
