@@ -134,12 +134,13 @@ def test_campaign_client_cap_limits_requests_in_flight():
               moe_tp_size="8", attention_dp_size="1")
     src = "source_file=2026-04-06.csv; model=X; silicon_concurrency={}"
     cfg, notes = _agg_row(silicon_data_source=src.format(512), **kw)
-    assert cfg.concurrency == 512 and cfg.backend.scheduler.max_running_requests == 100
+    assert cfg.concurrency == 512 and cfg.backend.scheduler.client_in_flight == 100
+    assert cfg.backend.scheduler.max_running_requests == 1024  # the server's own limit
     assert any("in flight capped at 100" in n for n in notes)
     cfg, _ = _agg_row(silicon_data_source=src.format(64), **dict(kw, batch_size="64"))
-    assert cfg.backend.scheduler.max_running_requests == 1024
+    assert cfg.backend.scheduler.client_in_flight == 0
     cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=512", **kw)
-    assert cfg.backend.scheduler.max_running_requests == 1024
+    assert cfg.backend.scheduler.client_in_flight == 0
 
 
 def test_in_flight_cap_turns_client_concurrency_into_queueing_ttft():
@@ -158,3 +159,10 @@ def test_in_flight_cap_turns_client_concurrency_into_queueing_ttft():
     e2e_ms = 64 * capped.pred_tpot_ms
     assert 0.5 < service_ms / e2e_ms < 2.0
     assert capped.pred_tpot_ms < free.pred_tpot_ms and capped.pred_ttft_ms > free.pred_ttft_ms
+
+
+def test_client_in_flight_must_not_be_negative():
+    from perfcast.core.errors import ConfigError
+    from perfcast.serving.backends import SchedulerConfig
+    with pytest.raises(ConfigError, match="client_in_flight"):
+        SchedulerConfig(client_in_flight=-1)

@@ -163,6 +163,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         if dp > 1:
             sched = replace(sched, token_budget=sched.token_budget * dp,
                             max_running_requests=sched.max_running_requests * dp)
+        if sched.client_in_flight:  # the client's connections spread over the replicas
+            sched = replace(sched, client_in_flight=-(-sched.client_in_flight // pool.workers))
         return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
                        role=role, record_trace=cfg.record_trace)
                 for i in range(pool.workers)], step

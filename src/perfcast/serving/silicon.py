@@ -258,8 +258,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         sched_changes["token_budget"] = budget
     in_flight = _client_in_flight(row, harness, conc, notes) if mode == "agg" else None
     if in_flight is not None:
-        sched_changes["max_running_requests"] = min(backend.scheduler.max_running_requests,
-                                                    in_flight)
+        sched_changes["client_in_flight"] = in_flight
     backend = backend.with_scheduler(**sched_changes)
     if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
         sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
