@@ -166,3 +166,23 @@ def test_client_in_flight_must_not_be_negative():
     from perfcast.serving.backends import SchedulerConfig
     with pytest.raises(ConfigError, match="client_in_flight"):
         SchedulerConfig(client_in_flight=-1)
+
+
+def test_vllm_token_budget_follows_the_harness_per_model_rule():
+    # harness: vLLM max-num-batched-tokens 8192, 2 x isl for MiniMax
+    import copy
+    kw = dict(backend="vllm", backend_version="0.18.0", batch_size="8", tp_size="1",
+              moe_tp_size="1", attention_dp_size="1", silicon_data_source="", isl="8192")
+    cfg, _ = _agg_row(**kw)
+    assert cfg.backend.scheduler.token_budget == 8192
+    rules = load_rules()
+    assert rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] == {"MiniMax": 2}
+    rules = copy.deepcopy(rules)
+    rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] = {"Llama-3.1-8B": 2}
+    row = {"id": "x", "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm",
+           "precision": "bf16", "mode": "agg", "osl": "100", "gemm_quant_mode": "bf16",
+           "moe_quant_mode": "", "pp_size": "1", "moe_ep_size": "1", "silicon_ttft_ms": "1",
+           "silicon_tpot_ms": "1", **kw}
+    cfg, notes = row_config(row, ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.token_budget == 16384
+    assert any("2 x isl" in n for n in notes)

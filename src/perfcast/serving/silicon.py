@@ -255,6 +255,11 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         if pad is not None:
             step = int(budget_rule.get("round_to", 1))
             budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
+        for model_part, multiple in (budget_rule.get("isl_multiple_for_models") or {}).items():
+            if model_part in row["model_path"]:
+                budget = int(multiple) * isl
+                notes.append(f"token budget {budget} = {multiple} x isl (harness setting for "
+                             f"{model_part})")
         sched_changes["token_budget"] = budget
     in_flight = _client_in_flight(row, harness, conc, notes) if mode == "agg" else None
     if in_flight is not None:
