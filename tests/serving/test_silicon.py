@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from perfcast.cli.main import app
 from perfcast.serving.evidence import nearest_version, version_key
-from perfcast.serving.silicon import read_rows, summarize, validate_rows
+from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config,
+                                      summarize, validate_rows)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "silicon" / "h100_sxm_slice.csv"
 
@@ -90,3 +91,98 @@ def test_versions_order_and_nearest_choice():
     assert nearest_version("1.3.0rc15", avail) == "1.3.0rc10"
     assert nearest_version("1.0.0rc3", avail) == "1.2.0rc5"
     assert nearest_version("", avail) == "1.3.0rc20"
+    # nearest release, not the newest older one: 0.18 is one minor release from 0.19,
+    # four from 0.14; a release candidate of 1.3.0 is measured by another 1.3.0 rc
+    vllm = ["0.14.0", "0.19.0", "0.22.0", "0.24.0"]
+    assert nearest_version("0.18.0", vllm) == "0.19.0"
+    assert nearest_version("0.12.0", vllm) == "0.14.0"
+    assert nearest_version("0.11.2", ["0.10.0", "0.14.0"]) == "0.10.0"  # tie -> older
+    assert nearest_version("1.3.0rc1", ["1.2.0rc5", "1.3.0rc10", "1.3.0rc15"]) == "1.3.0rc10"
+    assert nearest_version("0.5.8.post1", ["0.5.6.post2", "0.5.9", "0.5.10"]) == "0.5.9"
+
+
+def _agg_row(**changes):
+    row = {"id": "x", "backend": "trtllm", "backend_version": "1.0.0rc3",
+           "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm", "precision": "bf16",
+           "mode": "agg", "isl": "1000", "osl": "100", "gemm_quant_mode": "bf16",
+           "moe_quant_mode": "", "batch_size": "48", "tp_size": "4", "pp_size": "1",
+           "attention_dp_size": "", "moe_tp_size": "4", "moe_ep_size": "1",
+           "silicon_data_source": "silicon_concurrency=192", "silicon_ttft_ms": "1",
+           "silicon_tpot_ms": "1"}
+    row.update(changes)
+    rules = load_rules()
+    return row_config(row, ModelResolver(None, rules), rules)
+
+
+def test_empty_attention_dp_with_concurrency_batch_times_tp_means_attention_dp():
+    # concurrency 192 = batch_size 48 x tp 4 while attention_dp_size is empty: the engine
+    # ran attention-DP 4 over its 4 GPUs, 48 requests per attention rank
+    cfg, notes = _agg_row()
+    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (1, 4, 192)
+    assert any("attention-dp 4" in n for n in notes)
+    # a stated attention-DP field, or concurrency = batch_size, keeps the labelled layout
+    cfg, _ = _agg_row(attention_dp_size="1")
+    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 192)
+    cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=48")
+    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 48)
+
+
+def test_campaign_client_cap_limits_requests_in_flight():
+    # the 2026-04-06 campaign's client keeps at most 100 requests in flight: at C=512 the
+    # engine runs 100, the others wait at the client; C=64 is untouched
+    kw = dict(backend="vllm", backend_version="0.18.0", batch_size="512", tp_size="8",
+              moe_tp_size="8", attention_dp_size="1")
+    src = "source_file=2026-04-06.csv; model=X; silicon_concurrency={}"
+    cfg, notes = _agg_row(silicon_data_source=src.format(512), **kw)
+    assert cfg.concurrency == 512 and cfg.backend.scheduler.client_in_flight == 100
+    assert cfg.backend.scheduler.max_running_requests == 1024  # the server's own limit
+    assert any("in flight capped at 100" in n for n in notes)
+    cfg, _ = _agg_row(silicon_data_source=src.format(64), **dict(kw, batch_size="64"))
+    assert cfg.backend.scheduler.client_in_flight == 0
+    cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=512", **kw)
+    assert cfg.backend.scheduler.client_in_flight == 0
+
+
+def test_in_flight_cap_turns_client_concurrency_into_queueing_ttft():
+    # Little's law on the capped engine: 100 in service, so a closed loop of 512 clients
+    # spends about (512 / 100 - 1) service times waiting; TPOT is that of 100 running
+    from perfcast.serving.silicon import validate_rows as run
+    row = dict(read_rows(FIXTURE)[0])
+    base = dict(row, backend="vllm", backend_version="0.18.0", mode="agg", isl="128",
+                osl="64", batch_size="512", tp_size="8", pp_size="1", attention_dp_size="1",
+                moe_tp_size="", moe_ep_size="1")
+    capped, free = run([dict(base, silicon_data_source="source_file=2026-04-06.csv; "
+                                                        "silicon_concurrency=512"),
+                        dict(base, silicon_data_source="silicon_concurrency=512")])
+    assert capped.predicted and free.predicted
+    service_ms = capped.pred_ttft_ms / (512 / 100 - 1)
+    e2e_ms = 64 * capped.pred_tpot_ms
+    assert 0.5 < service_ms / e2e_ms < 2.0
+    assert capped.pred_tpot_ms < free.pred_tpot_ms and capped.pred_ttft_ms > free.pred_ttft_ms
+
+
+def test_client_in_flight_must_not_be_negative():
+    from perfcast.core.errors import ConfigError
+    from perfcast.serving.backends import SchedulerConfig
+    with pytest.raises(ConfigError, match="client_in_flight"):
+        SchedulerConfig(client_in_flight=-1)
+
+
+def test_vllm_token_budget_follows_the_harness_per_model_rule():
+    # harness: vLLM max-num-batched-tokens 8192, 2 x isl for MiniMax
+    import copy
+    kw = dict(backend="vllm", backend_version="0.18.0", batch_size="8", tp_size="1",
+              moe_tp_size="1", attention_dp_size="1", silicon_data_source="", isl="8192")
+    cfg, _ = _agg_row(**kw)
+    assert cfg.backend.scheduler.token_budget == 8192
+    rules = load_rules()
+    assert rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] == {"MiniMax": 2}
+    rules = copy.deepcopy(rules)
+    rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] = {"Llama-3.1-8B": 2}
+    row = {"id": "x", "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm",
+           "precision": "bf16", "mode": "agg", "osl": "100", "gemm_quant_mode": "bf16",
+           "moe_quant_mode": "", "pp_size": "1", "moe_ep_size": "1", "silicon_ttft_ms": "1",
+           "silicon_tpot_ms": "1", **kw}
+    cfg, notes = row_config(row, ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.token_budget == 16384
+    assert any("2 x isl" in n for n in notes)

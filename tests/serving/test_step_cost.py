@@ -145,3 +145,19 @@ def test_host_overlapped_flag_is_read_from_the_backend_file(tmp_path):
     mine = tmp_path / "mine.yaml"
     mine.write_text(text + "  host_overlapped: true\n")
     assert load_backend(str(mine)).overheads.host_overlapped is True
+
+
+def test_vllm_kv_budget_leaves_room_for_the_sampler_profile_run():
+    from dataclasses import replace
+
+    from perfcast.serving.deploy import GIB, kv_capacity_tokens, sampler_reserve_bytes
+    step = model()
+    vllm = load_backend("vllm")
+    # 20 B per logit x 1024 running requests x Qwen3-8B's 151,936-token vocabulary
+    assert sampler_reserve_bytes(step, vllm) == 20 * 1024 * MODEL.vocab_size
+    assert sampler_reserve_bytes(step, vllm) / GIB == pytest.approx(2.90, abs=0.01)
+    without = replace(vllm, kv_cache=replace(vllm.kv_cache, sampler_profile_bytes_per_logit=0.0))
+    per_token = step.memory_facts().kv_bytes_per_request(2048) / 2048
+    lost = kv_capacity_tokens(step, without) - kv_capacity_tokens(step, vllm)
+    assert lost == pytest.approx(20 * 1024 * MODEL.vocab_size / per_token, abs=2)
+    assert sampler_reserve_bytes(step, load_backend("trtllm")) == 0.0

@@ -28,11 +28,18 @@ class SchedulerConfig:
     max_running_requests: int = 1024
     chunked_prefill: bool = True
     mix_decode_and_prefill: bool = True
+    # requests the client keeps in flight to one engine (0: no cap); unlike
+    # max_running_requests it is the client's, so it neither scales with attention-DP
+    # nor changes what the runtime sizes at start-up (e.g. vLLM's sampler profile run)
+    client_in_flight: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown scheduler policy {self.policy!r}", field="policy",
                               expected=" | ".join(POLICIES))
+        if self.client_in_flight < 0:
+            raise ConfigError("client_in_flight must be >= 0 (0: no cap)",
+                              field="client_in_flight", expected="a non-negative integer")
         if self.token_budget < 1 or self.max_running_requests < 1:
             raise ConfigError("token_budget and max_running_requests must be >= 1",
                               field="scheduler", expected="positive integers")
@@ -45,6 +52,7 @@ class KVCacheConfig:
     memory_fraction: float = 0.9
     fraction_of: str = "total"          # total | free_after_weights
     activation_reserve_gib: float = 0.0
+    sampler_profile_bytes_per_logit: float = 0.0  # x max running requests x vocab
 
     def __post_init__(self) -> None:
         if self.admission not in ADMISSIONS:
@@ -159,7 +167,9 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 admission=str(kv["admission"]), block_tokens=int(kv["block_tokens"]),
                 memory_fraction=float(kv["memory_fraction"]),
                 fraction_of=str(kv.get("fraction_of", "total")),
-                activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0))),
+                activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0)),
+                sampler_profile_bytes_per_logit=float(
+                    kv.get("sampler_profile_bytes_per_logit", 0.0))),
             cuda_graph=CudaGraphConfig(
                 decode_only=bool(cg["decode_only"]), max_batch=int(cg["max_batch"]),
                 capture_sizes=tuple(sorted(int(x) for x in cg["capture_sizes"]))),

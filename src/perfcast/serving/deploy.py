@@ -84,6 +84,16 @@ class StepModelCache:
         return hit
 
 
+def sampler_reserve_bytes(step: StepCostModel, backend: BackendDefaults) -> float:
+    """Memory a runtime's start-up profiling run holds for sampling a full batch: logits
+    over the whole vocabulary for every running request, in the per-logit bytes of the
+    backend file (e.g. vLLM's dummy sampler run: fp32 logits, probabilities and sorted
+    values plus int64 sort indices). Every tensor-parallel rank samples the gathered
+    logits, so the vocabulary is not divided."""
+    per_logit = backend.kv_cache.sampler_profile_bytes_per_logit
+    return per_logit * backend.scheduler.max_running_requests * step.model.vocab_size
+
+
 def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
                        context_hint: int = 2048) -> int:
     """KV tokens one engine holds over all its attention-DP ranks: device memory x
@@ -94,7 +104,7 @@ def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
     per_token = memory.kv_bytes_per_request(context_hint) / context_hint
     kv = backend.kv_cache
     total = step.system.device.memory.capacity_bytes
-    reserve = kv.activation_reserve_gib * GIB
+    reserve = kv.activation_reserve_gib * GIB + sampler_reserve_bytes(step, backend)
     if kv.fraction_of == "free_after_weights":
         free = (total - weights) * kv.memory_fraction - reserve
     else:
@@ -153,6 +163,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         if dp > 1:
             sched = replace(sched, token_budget=sched.token_budget * dp,
                             max_running_requests=sched.max_running_requests * dp)
+        if sched.client_in_flight:  # the client's connections spread over the replicas
+            sched = replace(sched, client_in_flight=-(-sched.client_in_flight // pool.workers))
         return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
                        role=role, record_trace=cfg.record_trace)
                 for i in range(pool.workers)], step

@@ -72,6 +72,8 @@ class Engine:
         self.role = role
         self.clock = 0.0
         self.max_running = scheduler.max_running_requests
+        if scheduler.client_in_flight:
+            self.max_running = min(self.max_running, scheduler.client_in_flight)
         if scheduler.mix_decode_and_prefill:
             self.max_running = min(self.max_running, scheduler.token_budget)
         self.pending: list = []          # heap (arrival_s, seq, request)

@@ -4,8 +4,9 @@
 `root/<system>/<family>/<backend>/<version>/*.parquet` once per (system, backend,
 version) through the evidence layer's AIConfigurator importer and hands the providers
 to the resolver ahead of the analytic models. Which collected version serves a row's
-version is `nearest_version`: the newest collected version not newer than the row's,
-else the oldest newer one (recorded as an assumption by the caller).
+version is `nearest_version`: the collected version nearest in release numbers, ties to
+the newest not newer than the row's, else the oldest newer one (recorded as an
+assumption by the caller).
 """
 
 from __future__ import annotations
@@ -36,17 +37,37 @@ def version_key(text: str) -> tuple:
     return tuple(key)
 
 
+def release_numbers(text: str) -> tuple[int, ...]:
+    """The leading numeric release components (major, minor, patch) of a version."""
+    nums = re.match(r"\d+(?:\.\d+)*", text)
+    parts = tuple(int(p) for p in nums.group(0).split(".")) if nums else ()
+    return (parts + (0, 0, 0))[:3]
+
+
+def release_distance(a: str, b: str) -> tuple[int, ...]:
+    """How far apart two releases are, compared component by component (major first):
+    0.18 is one minor release from 0.19 and four from 0.14; 1.3.0rc1 is in the same
+    release series as 1.3.0rc10 (distance 0) and one minor release from 1.2.0rc5."""
+    return tuple(abs(x - y) for x, y in zip(release_numbers(a), release_numbers(b)))
+
+
 def nearest_version(wanted: str, available: list[str]) -> str | None:
+    """The collected version closest in release numbers to `wanted` (kernels, their
+    selection and defaults change release by release, so the nearest release measures
+    what the row ran most closely); ties go to the newest not newer than `wanted`, then
+    the oldest newer. No version given: the newest collected."""
     if not available:
         return None
     if wanted in available:
         return wanted
     if not wanted:
         return max(available, key=version_key)
-    older = [v for v in available if version_key(v) <= version_key(wanted)]
+    best = min(release_distance(wanted, v) for v in available)
+    tied = [v for v in available if release_distance(wanted, v) == best]
+    older = [v for v in tied if version_key(v) <= version_key(wanted)]
     if older:
         return max(older, key=version_key)
-    return min(available, key=version_key)
+    return min(tied, key=version_key)
 
 
 ANCHOR_FAMILY = "gemm"  # a collected version counts only if it measured GEMMs

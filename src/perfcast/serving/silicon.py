@@ -153,10 +153,26 @@ def _precision(row: dict, model: ModelSpec, rules: dict) -> Precision:
     return precision_for_model(model, linear_action=action, kv_cache_dtype=kv)
 
 
+def _unlabelled_attention_dp(row: dict, tp: int) -> bool:
+    """True when a row's attention-DP field is empty while its client concurrency is
+    `batch_size x tp_size`: `batch_size` is per attention rank (concurrency = batch_size x
+    attention-dp everywhere else in the file), so the engine ran attention data-parallel
+    over its `tp_size` GPUs (TRT-LLM `enable_attention_dp` with tensor_parallel_size = tp,
+    MoE still split moe_tp x moe_ep = tp) and the database left the field unfilled."""
+    if tp < 2 or (row.get("attention_dp_size") or "").strip():
+        return False
+    per_rank = _num(row, "batch_size", required=False)
+    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
+    return bool(m and per_rank and int(m.group(1)) != per_rank
+                and int(m.group(1)) == per_rank * tp)
+
+
 def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
+    if _unlabelled_attention_dp(row, tp):
+        tp, adp = 1, tp
     ep = _int(row, "moe_ep_size", 1) or 1
     moe_tp = _int(row, "moe_tp_size", 0)
     if tp < 1 or pp < 1:
@@ -217,6 +233,9 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         plan, adp = _agg_layout(row, rules)
         per_rank = _int(row, "batch_size")
         conc = _concurrency(row, per_rank * adp)
+        if _unlabelled_attention_dp(row, _int(row, "tp_size")):
+            notes.append(f"attention-dp {adp} (attention TP 1) inferred: concurrency {conc} = "
+                         f"batch_size {per_rank} x tp_size {adp}, attention_dp_size empty")
         if conc != per_rank * adp:
             notes.append(f"concurrency {conc} from silicon_data_source (batch_size x "
                          f"attention-dp = {per_rank * adp})")
@@ -236,7 +255,15 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         if pad is not None:
             step = int(budget_rule.get("round_to", 1))
             budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
+        for model_part, multiple in (budget_rule.get("isl_multiple_for_models") or {}).items():
+            if model_part in row["model_path"]:
+                budget = int(multiple) * isl
+                notes.append(f"token budget {budget} = {multiple} x isl (harness setting for "
+                             f"{model_part})")
         sched_changes["token_budget"] = budget
+    in_flight = _client_in_flight(row, harness, conc, notes) if mode == "agg" else None
+    if in_flight is not None:
+        sched_changes["client_in_flight"] = in_flight
     backend = backend.with_scheduler(**sched_changes)
     if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
         sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
@@ -250,14 +277,35 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
-def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
+def _campaign_rule(row: dict, harness: dict, field: str) -> dict | None:
+    """The first `harness.by_source` rule that sets `field` and whose every `match`
+    substring occurs in the row's `silicon_data_source`."""
     src = row.get("silicon_data_source") or ""
     for rule in harness.get("by_source", []):
         match = rule["match"] if isinstance(rule["match"], list) else [rule["match"]]
-        if all(m in src for m in match):
-            notes.append(f"lengths per campaign rule {match}: ratio {rule['range_ratio']}")
-            return float(rule["range_ratio"])
+        if field in rule and all(m in src for m in match):
+            return rule
+    return None
+
+
+def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
+    rule = _campaign_rule(row, harness, "range_ratio")
+    if rule is not None:
+        notes.append(f"lengths per campaign rule {rule['match']}: ratio {rule['range_ratio']}")
+        return float(rule["range_ratio"])
     return float(harness.get("range_ratio", 1.0))
+
+
+def _client_in_flight(row: dict, harness: dict, conc: int, notes: list[str]) -> int | None:
+    """The campaign client's cap on requests in flight, when it is below the client
+    concurrency: the other clients wait for a connection, and that wait is part of
+    their TTFT (the client starts its clock before it asks for a connection)."""
+    rule = _campaign_rule(row, harness, "max_in_flight")
+    if rule is None or int(rule["max_in_flight"]) >= conc:
+        return None
+    notes.append(f"client in flight capped at {rule['max_in_flight']} of {conc} per campaign "
+                 f"rule {rule['match']}")
+    return int(rule["max_in_flight"])
 
 
 def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
