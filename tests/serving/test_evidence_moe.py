@@ -14,7 +14,8 @@ from perfcast.evidence.contracts import CostQuery, CostSubject
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
 from perfcast.serving.evidence import evidence_loader
-from perfcast.serving.evidence_view import balanced_equivalent_tokens, evidence_dtype
+from perfcast.serving.evidence_view import (balanced_equivalent_tokens, balanced_routing_scale,
+                                            evidence_dtype)
 from perfcast.serving.step_cost import serving_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec
 from perfcast.workload.build import build_task_graph
@@ -87,6 +88,31 @@ def test_moe_table_read_at_equal_active_experts():
                     num_tokens=n, distribution="balanced")[0]["latency"] * 1e-3 for n in (8, 16))
     assert t8 < est.latency_s < (t8 + t16) / 2
     assert any("10.30 balanced-routing tokens" in a for a in est.assumptions)
+
+
+def test_balanced_routing_scale_by_hand():
+    # top-8 of 128 at 32 tokens: the table's row reaches all 128 experts, random routing
+    # 128 * (1 - (15/16)^32) = 111.8 of them: 1 - 0.1268 = 0.8732 of the row
+    assert balanced_routing_scale(32, 8, 128) == pytest.approx(0.8732, abs=1e-4)
+    assert balanced_routing_scale(16, 8, 128) == 1.0      # T k = E: token mapping instead
+    assert balanced_routing_scale(8192, 8, 128) == pytest.approx(1.0)
+    scales = [balanced_routing_scale(t, 8, 128) for t in range(17, 300)]
+    assert all(0.0 < a <= b <= 1.0 for a, b in zip(scales, scales[1:]))
+    # continuity at T k = E: the mapped row (10.3 tokens) and the scaled all-experts row
+    # stand for the same 82.4 active experts; just past it the scale is 1 - (15/16)^17
+    assert balanced_routing_scale(17, 8, 128) == pytest.approx(1 - (15 / 16) ** 17)
+
+
+def test_moe_row_in_all_experts_region_scaled_by_active_fraction():
+    # 32 decode tokens, EP 4: the balanced row at 32 tokens reads all 32 local experts;
+    # random routing reaches 0.8732 of them
+    query, est = moe_resolution("Qwen/Qwen3-235B-A22B-FP8", "trtllm", "1.3.0rc20",
+                                ParallelPlan(tp=4, ep=4), 32)
+    t32 = rows("moe/trtllm/1.3.0rc20/moe_perf.parquet", moe_dtype="fp8_block",
+               num_tokens=32, distribution="balanced")[0]["latency"] * 1e-3
+    assert query.dims["tokens"] == 32
+    assert est.latency_s == pytest.approx(0.8732 * t32, rel=1e-3)
+    assert any("scaled by 0.873" in a for a in est.assumptions)
 
 
 def test_one_moe_kernel_per_dtype():
