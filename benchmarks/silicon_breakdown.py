@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config,
-                                      summarize, validate_rows)
+from perfcast.serving.silicon import (ModelResolver, closed_loop_in_decode, load_rules, read_rows,
+                                      row_config, summarize, ttft_in_completion_gaps,
+                                      validate_rows)
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
 
@@ -65,6 +66,14 @@ def step_split(row: dict, configs: Path, evidence_for) -> str:
             f"= {1e3 * total:.2f} ms/step; prefill({cfg.isl}) {1e3 * pre:.1f} ms")
 
 
+def _little(r) -> str:
+    c, osl = r.concurrency, r.osl
+    return (f"  in-decode {closed_loop_in_decode(c, osl, r.measured_ttft_ms, r.measured_tpot_ms):6.1f} "
+            f"pred {closed_loop_in_decode(c, osl, r.pred_ttft_ms, r.pred_tpot_ms):6.1f}  "
+            f"TTFT/gap {ttft_in_completion_gaps(c, osl, r.measured_ttft_ms, r.measured_tpot_ms):5.2f} "
+            f"pred {ttft_in_completion_gaps(c, osl, r.pred_ttft_ms, r.pred_tpot_ms):5.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("csv", nargs="?", default=str(REF / "silicon" / "h100_sxm.csv"))
@@ -77,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead", action="append", default=[],
                     help="BACKEND.FIELD=US or =true|false, e.g. trtllm.frontend_overhead=30000 (sweeps)")
     ap.add_argument("--quiet", action="store_true", help="only the per-model summary")
+    ap.add_argument("--little", action="store_true",
+                    help="with --rows: requests in decode by Little's law and TTFT in units of "
+                         "the mean time between completions, measured and predicted")
     args = ap.parse_args(argv)
     rows = [r for r in read_rows(Path(args.csv)) if r.get("mode") == "agg"
             and args.model in r["model_path"] and args.backend in r["backend"]]
@@ -119,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"TTFT {r.measured_ttft_ms:8.1f} pred {r.pred_ttft_ms:8.1f} "
                       f"({_signed(r.pred_ttft_ms, r.measured_ttft_ms):+6.1f}%)  "
                       f"TPOT {r.measured_tpot_ms:7.2f} pred {r.pred_tpot_ms:7.2f} "
-                      f"({_signed(r.pred_tpot_ms, r.measured_tpot_ms):+6.1f}%)")
+                      f"({_signed(r.pred_tpot_ms, r.measured_tpot_ms):+6.1f}%)"
+                      + (_little(r) if args.little else ""))
     for g in summarize(results):
         if g["ttft_mape"] is None:
             continue

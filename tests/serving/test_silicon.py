@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from perfcast.cli.main import app
 from perfcast.serving.evidence import nearest_version, version_key
+from perfcast.serving.silicon import closed_loop_in_decode, ttft_in_completion_gaps
 from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config,
                                       summarize, validate_rows)
 
@@ -186,3 +187,13 @@ def test_vllm_token_budget_follows_the_harness_per_model_rule():
     cfg, notes = row_config(row, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.token_budget == 16384
     assert any("2 x isl" in n for n in notes)
+
+
+def test_littles_law_diagnostics_by_hand():
+    # C=8, osl=101, TPOT 10 ms: decode 1000 ms; TTFT 250 ms -> e2e 1250 ms
+    assert closed_loop_in_decode(8, 101, 250.0, 10.0) == pytest.approx(8 * 1000 / 1250)
+    # mean gap between completions e2e / C = 156.25 ms; TTFT is 1.6 of them
+    assert ttft_in_completion_gaps(8, 101, 250.0, 10.0) == pytest.approx(1.6)
+    # the two views add up: in decode + waiting share = C
+    waiting = 8 - closed_loop_in_decode(8, 101, 250.0, 10.0)
+    assert waiting == pytest.approx(ttft_in_completion_gaps(8, 101, 250.0, 10.0))

@@ -277,6 +277,22 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
+def closed_loop_in_decode(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
+    """Requests in their decode phase on average in a closed loop of `concurrency`
+    clients, by Little's law: C x decode time / (TTFT + decode time), decode time
+    (osl - 1) x TPOT. Below C by the share of each request's life before its first token
+    (client, queue, prefill); a client-side cap shows up as a plateau (docs/serving.md)."""
+    decode_ms = (osl - 1) * tpot_ms
+    return concurrency * decode_ms / (ttft_ms + decode_ms)
+
+
+def ttft_in_completion_gaps(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
+    """TTFT in units of the closed loop's mean time between completions,
+    e2e / C = (TTFT + (osl - 1) x TPOT) / C; about 1 when each new request waits for the
+    next completion before its first token."""
+    return ttft_ms * concurrency / (ttft_ms + (osl - 1) * tpot_ms)
+
+
 def _campaign_rule(row: dict, harness: dict, field: str) -> dict | None:
     """The first `harness.by_source` rule that sets `field` and whose every `match`
     substring occurs in the row's `silicon_data_source`."""
