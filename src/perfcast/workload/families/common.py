@@ -22,14 +22,15 @@ def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=Non
     the norm plus 1 for the add; reads input (+ residual) and weight, writes output (+ sum)."""
     act = b.precision.activation
     x = TensorSpec((tokens, width), act)
-    inputs = (x, x) if residual else (x,)
+    gamma = TensorSpec((width,), act)  # the norm weight is an input, as in the kernel call
+    inputs = (x, x, gamma) if residual else (x, gamma)
     outputs = (x, x) if residual else (x,)
     operator = "tensor_cast.add_rms_norm.default" if residual else "tensor_cast.rms_norm.default"
     flops = tokens * width * (5 if residual else 4)
     return b.elementwise(group, operator, "norm", inputs=inputs, outputs=outputs, flops=flops,
                          layers=layers, deps=deps, weight_params=width,
                          weight_shards=weight_shards, stage=stage, count=count,
-                         extra_bytes_read=width * dtype_bytes(act), replicas=replicas)
+                         replicas=replicas)
 
 
 def sequence_parallel(b: GraphBuilder) -> bool:
