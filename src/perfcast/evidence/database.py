@@ -465,3 +465,14 @@ def _table_digest(table: pa.Table) -> str:
             dt = "<i8" if pa.types.is_integer(col.type) else "<f8"
             h.update(np.asarray(col.fill_null(0).to_numpy(), dtype=dt).tobytes())
     return "sha256:" + h.hexdigest()
+
+
+def view_key(db: PerformanceDatabase, core: tuple, facts: dict) -> tuple[tuple, dict | None]:
+    """Cache key and context filter of a provider's per-core view.
+
+    A lazily loaded snapshot is read per (core identity, query context selectors), with
+    the selector types in the key (type-strict); a loaded database per core identity."""
+    if db.is_lazy:
+        context = {k: facts[k] for k in CONTEXT_KEYS if k in facts}
+        return (core, tuple((k, type(v), v) for k, v in context.items())), context
+    return (core,), None

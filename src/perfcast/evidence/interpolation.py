@@ -42,10 +42,9 @@ from perfcast.evidence.contracts import (
     Miss,
     Uncertainty,
 )
-from perfcast.evidence.database import PerformanceDatabase, parse_selector_column
+from perfcast.evidence.database import PerformanceDatabase, parse_selector_column, view_key
 from perfcast.evidence.records import selector_type_name
 from perfcast.evidence.provider_db import _ids
-from perfcast.evidence.records import CONTEXT_KEYS
 from perfcast.evidence.selectors import (
     RowCodes,
     _combine,
@@ -381,11 +380,7 @@ class InterpolatingProvider:
         (`database.is_lazy`) from the rows of the query's runtime, revision and kernel
         only (partitions are split by those selectors, so the same ones match)."""
         db = self.database
-        if db.is_lazy:
-            context = {k: facts[k] for k in CONTEXT_KEYS if k in facts}
-            key = (core, tuple((k, type(v), v) for k, v in context.items()))
-        else:
-            key, context = (core,), None
+        key, context = view_key(db, core, facts)
         view = self._views.get(key)
         if view is None:
             sub = db.select(core, context) if context is not None else db

@@ -29,8 +29,8 @@ from perfcast.evidence.database import (
     PerformanceDatabase,
     parse_selector_column,
     selector_column,
+    view_key,
 )
-from perfcast.evidence.records import CONTEXT_KEYS
 from perfcast.evidence.selectors import (
     _KIND,
     Partition,
@@ -79,11 +79,7 @@ class PerformanceDatabaseProvider:
     def _view(self, query: CostQuery, facts: dict) -> _View:
         core = (query.subject.value, query.operation, query.hardware, query.dtype)
         db = self.database
-        if db.is_lazy:
-            context = {k: facts[k] for k in CONTEXT_KEYS if k in facts}
-            key = (core, tuple((k, type(v), v) for k, v in context.items()))
-        else:
-            key, context = (core,), None
+        key, context = view_key(db, core, facts)
         view = self._views.get(key)
         if view is None:
             sub = db.select(core, context) if context is not None else db
