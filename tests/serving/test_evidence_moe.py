@@ -14,7 +14,7 @@ from perfcast.evidence.contracts import CostQuery, CostSubject
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
 from perfcast.serving.evidence import evidence_loader
-from perfcast.serving.evidence_view import (balanced_equivalent_tokens, balanced_routing_scale,
+from perfcast.evidence.measured_view import (balanced_equivalent_tokens, balanced_routing_scale,
                                             evidence_dtype)
 from perfcast.serving.step_cost import serving_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec

@@ -102,15 +102,18 @@ def evidence_context(runtime: str, runtime_version: str, implementation: list[st
 
 def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: str,
                       store: Optional[Path]):
+    """Measured providers (read through `MeasuredView`, as serving reads them), then the
+    analytic ones."""
     from perfcast.estimate import make_resolver
     from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.measured_view import MeasuredView
     from perfcast.evidence.store import EvidenceStore, open_evidence
     from perfcast.hardware import load_system
 
     system = load_system(device)
     dbs = [open_evidence(r, hardware=system.name, store=EvidenceStore(store)) for r in refs]
-    return make_resolver(system, evidence=evidence_providers(dbs, system, policy),
-                         roofline_mode=roofline_mode)
+    measured = [MeasuredView(p) for p in evidence_providers(dbs, system, policy)]
+    return make_resolver(system, evidence=measured, roofline_mode=roofline_mode)
 
 
 def estimate_command(

@@ -19,7 +19,7 @@ from pathlib import Path
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostQueryContext
-from perfcast.serving.evidence_view import MeasuredView
+from perfcast.evidence.measured_view import MeasuredView
 
 
 def version_key(text: str) -> tuple:
