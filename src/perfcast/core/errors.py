@@ -46,3 +46,12 @@ class UnresolvedCostError(PerfcastError):
         detail = "; ".join(f"{a.provider}: {a.outcome} ({a.reason})" for a in attempts)
         super().__init__(f"{message}: {detail}" if detail else message)
         self.attempts = attempts
+
+
+def parse_choice(enum_cls, value, *, what: str, field: str):
+    """`enum_cls(value)`, or a ConfigError naming the flag and the allowed values."""
+    try:
+        return enum_cls(value)
+    except ValueError:
+        raise ConfigError(f"unknown {what} {value!r}", field=field,
+                          expected=" | ".join(m.value for m in enum_cls)) from None

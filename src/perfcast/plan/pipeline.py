@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from perfcast.core.errors import ConfigError
+from perfcast.core.errors import ConfigError, parse_choice
 from perfcast.workload.plan_spec import Batch, BatchSegment
 
 
@@ -27,11 +27,7 @@ class PipelineSchedule(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: str | PipelineSchedule) -> PipelineSchedule:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"unknown pipeline schedule {value!r}", field="--pp-schedule",
-                              expected=" | ".join(m.value for m in cls)) from None
+        return parse_choice(cls, value, what="pipeline schedule", field="--pp-schedule")
 
     def max_in_flight(self, stages: int) -> int | None:
         """Microbatches allowed in the pipeline at once (None = unbounded)."""

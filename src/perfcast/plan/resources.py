@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from perfcast.core.errors import ConfigError
+from perfcast.core.errors import ConfigError, parse_choice
 from perfcast.hardware.model import System
 from perfcast.workload.tensors import Task, TaskKind
 
@@ -46,11 +46,7 @@ class OverlapMode(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: str | OverlapMode) -> OverlapMode:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"unknown overlap mode {value!r}", field="--overlap",
-                              expected=" | ".join(m.value for m in cls)) from None
+        return parse_choice(cls, value, what="overlap mode", field="--overlap")
 
     @property
     def halves(self) -> int:
