@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from perfcast.core.errors import ConfigError, parse_choice
+from perfcast.core.errors import parse_choice
 from perfcast.hardware.model import System
 from perfcast.workload.tensors import Task, TaskKind
 
