@@ -22,10 +22,11 @@ import numpy as np
 import yaml
 
 from perfcast.core.errors import ConfigError, PerfcastError
-from perfcast.hardware import load_system
+from perfcast.hardware import System, load_system
 from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
-from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
+from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
+from perfcast.workload.build import build_task_graph
 from perfcast.workload.model_spec import model_spec_from_config
 from perfcast.workload.quant import precision_for_model
 
@@ -345,6 +346,34 @@ def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
     return Pool(pplan, pw), Pool(dplan, dw), conc
 
 
+def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
+    """Why an agg row's measurement contradicts the hardware, or None.
+
+    A decode step reads at least every byte its tasks touch (weights, the experts its
+    tokens reach, the KV cache of the prompts) through HBM, so its time is at least those
+    bytes over the device's peak bandwidth, and TPOT (decode steps plus prefill stalls)
+    is at least that. The requests in decode come from the row itself (Little's law on
+    its TTFT and TPOT, `closed_loop_in_decode`), each with at least the prompt cached. A
+    measured TPOT below that bound cannot be this deployment at this concurrency and
+    these lengths (e.g. outputs that stopped early, or fewer clients than recorded)."""
+    if cfg.mode != "agg" or not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
+        return None
+    in_decode = closed_loop_in_decode(cfg.concurrency, cfg.osl, ttft_ms, tpot_ms)
+    per_replica = max(1, int(in_decode / max(cfg.pool.workers, 1)))
+    graph = build_task_graph(cfg.model, cfg.pool.plan, Batch.decode(per_replica, cfg.isl),
+                             cfg.precision)
+    moved = sum(t.work.bytes_total * t.count for t in graph.tasks
+                if t.kind is TaskKind.COMPUTE)
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
+    bound_ms = 1e3 * moved / system.device.memory.bw_bytes_per_s
+    if tpot_ms >= bound_ms:
+        return None
+    return (f"measured TPOT {tpot_ms:.2f} ms is below {bound_ms:.2f} ms, the time a decode "
+            f"step of the {in_decode:.0f} requests the row's TTFT and TPOT put in decode "
+            f"(Little's law) needs to move {moved / 1e9:.1f} GB per device at peak HBM "
+            f"bandwidth: the measurement contradicts the deployment it describes")
+
+
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
@@ -374,6 +403,9 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             cfg, notes = row_config(row, models, rules, overheads)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes
+            contradiction = below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
+            if contradiction:
+                raise RowError(contradiction)
             providers, context = (), None
             if evidence_for:
                 ev = evidence_for(res.system, res.backend, res.backend_version)

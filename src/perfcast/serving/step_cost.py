@@ -281,9 +281,14 @@ class StepCostModel:
         if shape.tokens <= 0:
             raise ValueError("an engine step needs at least one token")
         part, padded = self.kernel_parts(shape)
+        return float(self.with_host(self.gpu_s(part, padded), shape.sequences))
+
+    def gpu_s(self, part: Part, padded: int | None) -> float:
+        """GPU time of an iteration's kernels: kernel time plus the gap each launch
+        leaves (replayed CUDA graph or eager launch)."""
         ov = self.overheads
         launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
-        return float(self.with_host(part.kernel_s + part.kernels * launch, shape.sequences))
+        return part.kernel_s + part.kernels * launch
 
     def with_host(self, gpu_s, sequences: int):
         """Iteration time from its GPU time and the host's per-iteration work
@@ -304,24 +309,22 @@ class StepCostModel:
         contexts = context0 + np.arange(steps, dtype=float)
         shape = StepShape(requests, context0)
         padded = self.graph_padded(shape)
-        ov = self.overheads
-        launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
         fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
-        base = fixed.kernel_s + fixed.kernels * launch
         if not self.interpolate or steps <= 2:
-            attn = [self.attn_decode(requests, float(c)) for c in contexts]
-            return self.with_host(base + np.array([a.kernel_s + a.kernels * launch
-                                                   for a in attn]), requests)
+            return self.with_host(np.array([
+                self.gpu_s(fixed + self.attn_decode(requests, float(c)), padded)
+                for c in contexts]), requests)
         lo_c = max(contexts[0], 1.0)
         hi_c = max(contexts[-1], 1.0)
         i0 = bisect.bisect_right(_NODES, lo_c) - 1
         i1 = bisect.bisect_left(_NODES, hi_c)
         nodes = _NODES[max(i0, 0): i1 + 1]
         xs = np.array(nodes, dtype=float)
-        ys = np.array([(lambda p: p.kernel_s + p.kernels * launch)(
-            self._memo(("idec", requests, n), lambda n=n: self.attn_decode(requests, n)))
-            for n in nodes])
-        return self.with_host(base + np.interp(np.maximum(contexts, 1.0), xs, ys), requests)
+        ys = np.array([self.gpu_s(fixed + self._memo(("idec", requests, n),
+                                                     lambda n=n: self.attn_decode(requests, n)),
+                                  padded)
+                       for n in nodes])
+        return self.with_host(np.interp(np.maximum(contexts, 1.0), xs, ys), requests)
 
     # -- memory facts -----------------------------------------------------------------------
     def memory_facts(self):
