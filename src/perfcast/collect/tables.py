@@ -30,15 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError
+from perfcast.evidence.profiling.kernel_csv import (INPUT_DTYPES, INPUT_FORMATS, INPUT_SHAPES,
+                                                    OUTPUT_DTYPES, OUTPUT_FORMATS, OUTPUT_SHAPES)
 
 STATE = "OP State"
 CORE = "Accelerator Core"
-INPUT_SHAPES = "Input Shapes"
-INPUT_DTYPES = "Input Data Types"
-INPUT_FORMATS = "Input Formats"
-OUTPUT_SHAPES = "Output Shapes"
-OUTPUT_DTYPES = "Output Data Types"
-OUTPUT_FORMATS = "Output Formats"
 SHAPE_COLUMNS = (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES, OUTPUT_DTYPES,
                  OUTPUT_FORMATS)
 KEY_COLUMNS = (STATE, CORE) + SHAPE_COLUMNS

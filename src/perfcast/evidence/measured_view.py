@@ -239,11 +239,9 @@ def gemm_fixed_costs(table, *, max_m: int = 16, min_weight_bytes: float = 20e6) 
     g = table.filter(pc.equal(table["operation"], "gemm"))
     if g.num_rows == 0:
         return {}
-    m = np.asarray(g.column("sel.int.m").to_pylist(), dtype=float)
-    n = np.asarray(g.column("sel.int.n").to_pylist(), dtype=float)
-    k = np.asarray(g.column("sel.int.k").to_pylist(), dtype=float)
-    lat = np.asarray(g.column("latency_s").to_pylist(), dtype=float)
-    dtypes = np.asarray(g.column("dtype").to_pylist(), dtype=object)
+    m, n, k, lat = (g.column(c).to_numpy(zero_copy_only=False).astype(float)
+                    for c in ("sel.int.m", "sel.int.n", "sel.int.k", "latency_s"))
+    dtypes = g.column("dtype").to_numpy(zero_copy_only=False).astype(object)
     out = {}
     for dtype in set(dtypes.tolist()):
         try:
