@@ -46,3 +46,19 @@ def test_serving_run_with_evidence_differs_from_analytic():
     analytic = run_serving(cfg).metrics
     assert measured.completed_requests == analytic.completed_requests == 8
     assert measured.tpot_ms["mean"] != analytic.tpot_ms["mean"]
+
+
+def test_vllm_all_reduce_uses_the_runtime_custom_kernel_table():
+    """vLLM's all-reduce table holds a CUDA-graph and an eager kernel, each with its own
+    `backend` value; the query states the value of the kernel the runtime runs, so the
+    custom all-reduce answers instead of the NCCL library table."""
+    ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.19.0")
+    assert ev.context.operation_dimensions["all_reduce"]["backend"] == "vllm_graph"
+    system = load_system("h100_sxm")
+    resolver = serving_resolver(system, ev.providers)
+    graph = build_task_graph(load_model_spec("meta-llama/Llama-3.1-8B"), ParallelPlan(tp=2),
+                             Batch.decode(8, 1000))
+    reduce = next(t for t in graph.tasks if t.operation == "all_reduce")
+    est = resolver.resolve(query_for_task(reduce, system.name, ev.context)).estimate
+    assert est.validity["implementation"] == "vLLM_custom_graph"
+    assert est.source_revision == "comm/vllm/0.19.0"

@@ -249,13 +249,20 @@ def operation_selectors(db) -> dict[str, dict[str, str]]:
 
     table = db.table
     ops = table.column("operation").to_pylist()
+    # only the rows of the implementations the runtime runs count: vLLM's all-reduce
+    # table holds its CUDA-graph and eager kernels, each with its own `backend` value
+    chosen = collections.defaultdict(set)
+    for key, impl in implementations(db).items():
+        chosen[key.split("@", 1)[0]].add(impl)
+    impls = (table.column("sel.str.implementation").to_pylist()
+             if "sel.str.implementation" in table.column_names else [None] * len(ops))
     out: dict[str, dict[str, str]] = {}
     for name in table.column_names:
         if not name.startswith("sel.str.") or name in CONTEXT_SELECTORS:
             continue
         values: dict[str, set] = collections.defaultdict(set)
-        for op, v in zip(ops, table.column(name).to_pylist()):
-            if v:
+        for op, impl, v in zip(ops, impls, table.column(name).to_pylist()):
+            if v and (impl is None or not chosen[op] or impl in chosen[op]):
                 values[op].add(v)
         for op, vs in values.items():
             if len(vs) == 1:
