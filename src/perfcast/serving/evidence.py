@@ -241,7 +241,8 @@ CONTEXT_SELECTORS = ("sel.str.implementation", "sel.str.runtime", "sel.str.runti
 
 def operation_selectors(db) -> dict[str, dict[str, str]]:
     """Per operation, string selectors the records require beyond the shape and the
-    runtime context and that take one value only (e.g. the all-reduce `backend`), so
+    runtime context and that take one value only among the rows of the kernels
+    `implementations` chooses (e.g. the all-reduce `backend`: `vllm_graph`), so
     the deployment's queries state what its runtime runs. Selectors with several
     values (a phase, a KV dtype, a routing distribution) are shape facts the query must
     state itself; they are never filled in here."""
@@ -249,8 +250,8 @@ def operation_selectors(db) -> dict[str, dict[str, str]]:
 
     table = db.table
     ops = table.column("operation").to_pylist()
-    # only the rows of the implementations the runtime runs count: vLLM's all-reduce
-    # table holds its CUDA-graph and eager kernels, each with its own `backend` value
+    # vLLM's all-reduce table holds its CUDA-graph and eager kernels, each with its own
+    # `backend` value: only the rows of the chosen kernels count
     chosen = collections.defaultdict(set)
     for key, impl in implementations(db).items():
         chosen[key.split("@", 1)[0]].add(impl)
