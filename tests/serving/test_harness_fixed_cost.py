@@ -1,5 +1,6 @@
 """Fixed cost per call of measured GEMM tables, the harness facts that say which part of
-it a deployment does not run, and the memory-bound screen of measured silicon rows."""
+it a deployment does not run, the memory-bandwidth floor of measured answers, and the
+memory-bound screen of measured silicon rows."""
 
 from __future__ import annotations
 
@@ -91,6 +92,27 @@ def test_measured_view_takes_the_excess_off_gemm_answers_only():
     # never more than half of the measured call
     small = MeasuredView(_Fixed(8e-6), {"fp8": (6e-6, "why")}).estimate(_query("gemm", "fp8"))
     assert small.latency_s == pytest.approx(4e-6)
+
+
+def _bytes_query(operation: str, nbytes: float) -> CostQuery:
+    return CostQuery(subject=CostSubject.OPERATOR, operation=operation, hardware="h100_sxm",
+                     dtype="bf16", bytes_read=nbytes, bytes_written=0.0)
+
+
+def test_measured_answers_faster_than_memory_allows_are_raised_to_the_bound():
+    # 671 MB of KV cache (batch 128 x 1281 tokens x 8 KV heads x 128 x 2 x bf16) at
+    # 3.35 TB/s take at least 200 us; a 144 us table answer is a cache artifact
+    view = MeasuredView(_Fixed(144e-6), peak_memory_bw=3.35e12)
+    est = view.estimate(_bytes_query("attention", 671e6))
+    assert est.latency_s == pytest.approx(671e6 / 3.35e12)
+    assert est.components["below_memory_bound_s"] == pytest.approx(671e6 / 3.35e12 - 144e-6)
+    assert any("raised to the bound" in a for a in est.assumptions)
+    # an answer above the bound, an operation whose bytes are only expected (moe), and a
+    # view without the device bandwidth are untouched
+    assert view.estimate(_bytes_query("attention", 100e6)).latency_s == pytest.approx(144e-6)
+    assert view.estimate(_bytes_query("moe", 671e6)).latency_s == pytest.approx(144e-6)
+    assert MeasuredView(_Fixed(144e-6)).estimate(
+        _bytes_query("attention", 671e6)).latency_s == pytest.approx(144e-6)
 
 
 def _row(ttft: str, tpot: str) -> dict:

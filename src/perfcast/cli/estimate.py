@@ -112,7 +112,8 @@ def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: 
 
     system = load_system(device)
     dbs = [open_evidence(r, hardware=system.name, store=EvidenceStore(store)) for r in refs]
-    measured = [MeasuredView(p) for p in evidence_providers(dbs, system, policy)]
+    measured = [MeasuredView(p, peak_memory_bw=system.device.memory.bw_bytes_per_s)
+                for p in evidence_providers(dbs, system, policy)]
     return make_resolver(system, evidence=measured, roofline_mode=roofline_mode)
 
 

@@ -45,6 +45,15 @@ Two facts the workload's compute dtype does not state but the tables are keyed b
   than a deployment does (the callers state which, and why), the difference is taken
   off each answer (at most half of it) and the estimate says so.
 
+* **Physical floor.** A measured attention or GEMM answer faster than its query's bytes
+  (KV cache, weights, activations) at the device's peak memory bandwidth cannot be the
+  deployment's kernel: the collector's data stayed in cache (AIConfigurator's TRT-LLM
+  1.2.0rc5 and 1.3.0rc10 generation-attention rows reach 5.4 TB/s on an H100 at batch
+  128 x 4096 tokens, 3.35 TB/s peak; the 1.3.0rc20 rows of the same kernels, vLLM's and
+  SGLang's stay at about 3.0 TB/s). Such an answer is raised to the bound and says so
+  (component `below_memory_bound_s`). MoE queries are left alone: their bytes are an
+  expectation under a routing model, not a minimum.
+
 `MeasuredView(provider)` applies these in front of a measured provider; its name and
 revision are the wrapped provider's, so provenance is unchanged.
 """
@@ -59,6 +68,8 @@ from perfcast.evidence.contracts import CostEstimate, CostQuery, CostSubject, Ma
 from perfcast.workload.tensors import TensorSpec
 
 WEIGHT_KEYED = frozenset({"gemm", "moe"})
+# operations whose query bytes (KV cache, weights, activations) every run must move
+HBM_BOUNDED = frozenset({"attention", "gemm"})
 # measured module operation -> the workload operations its rows already include
 MODULE_COVERS = {"moe": frozenset({"moe_permute", "moe_unpermute"})}
 COLLECTIVE_ALIASES = {"bf16": "fp16", "fp16": "bf16"}
@@ -133,14 +144,18 @@ class MeasuredView:
     """A measured provider asked in the tables' terms (see the module doc)."""
 
     def __init__(self, inner,
-                 gemm_fixed_excess: dict[str, tuple[float, str]] | None = None) -> None:
+                 gemm_fixed_excess: dict[str, tuple[float, str]] | None = None,
+                 peak_memory_bw: float | None = None) -> None:
         """`gemm_fixed_excess`: per GEMM table dtype, fixed cost per call (s) that the
         table's harness timed and the deployment does not run, with the reason
-        (see `gemm_fixed_costs`)."""
+        (see `gemm_fixed_costs`). `peak_memory_bw` (bytes/s): the device's peak memory
+        bandwidth; a measured answer for an operation in `HBM_BOUNDED` that is faster
+        than its query's bytes at that bandwidth is raised to the bound."""
         self.inner = inner
         self.name = inner.name
         self.revision = inner.revision
         self.gemm_fixed_excess = dict(gemm_fixed_excess or {})
+        self.peak_memory_bw = peak_memory_bw
 
     def _queries(self, query: CostQuery) -> list[tuple[CostQuery, str, float]]:
         dtype = evidence_dtype(query)
@@ -201,6 +216,11 @@ class MeasuredView:
                          f"{module_query.operation} module (records "
                          f"{', '.join(answer.raw_record_ids[:2])})",))
 
+    def _memory_bound_s(self, query: CostQuery) -> float:
+        if not self.peak_memory_bw or query.operation not in HBM_BOUNDED:
+            return 0.0
+        return (query.bytes_read + query.bytes_written) / self.peak_memory_bw
+
     def estimate(self, query: CostQuery):
         module_query = self._module_query(query)
         if module_query is not None:
@@ -223,6 +243,17 @@ class MeasuredView:
                                  components=answer.components.replace(harness_fixed_cost_s=-cut))
                 note = "; ".join(n for n in (note, f"{cut * 1e6:.1f} us of the table's fixed "
                                              f"cost per call not run here: {why}") if n)
+            bound = self._memory_bound_s(query)
+            if bound > answer.latency_s:
+                raise_by = bound - answer.latency_s
+                note = "; ".join(n for n in (note, (
+                    f"measured {answer.latency_s * 1e6:.1f} us is below the "
+                    f"{bound * 1e6:.1f} us its {(query.bytes_read + query.bytes_written) / 1e6:.1f}"
+                    " MB need at peak memory bandwidth (the collector's data must have stayed "
+                    "in cache); raised to the bound")) if n)
+                answer = replace(answer, latency_s=bound,
+                                 components=answer.components.replace(
+                                     below_memory_bound_s=raise_by))
             if note:
                 answer = replace(answer, assumptions=(*answer.assumptions, note))
             return answer

@@ -157,7 +157,8 @@ def _import(root: Path, system: str, backend: str, version: str,
         operation_dimensions=FrozenDict({op: FrozenDict(d) for op, d in
                                          operation_selectors(db).items()}))
     excess = harness_gemm_excess(backend, gemm_fixed_costs(db.table))
-    providers = tuple(MeasuredView(p, excess) for p in evidence_providers([db], sys_obj, policy))
+    providers = tuple(MeasuredView(p, excess, sys_obj.device.memory.bw_bytes_per_s)
+                      for p in evidence_providers([db], sys_obj, policy))
     return DeploymentEvidence(providers, context, version)
 
 
