@@ -151,11 +151,12 @@ def _import(root: Path, system: str, backend: str, version: str,
     if library is not None:
         parts.append(import_system(library, hardware=sys_obj.name))
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{version}")
+    kernels = implementations(db)
     context = CostQueryContext(
         runtime=backend, runtime_revision=version,
-        implementations=FrozenDict(implementations(db)),
+        implementations=FrozenDict(kernels),
         operation_dimensions=FrozenDict({op: FrozenDict(d) for op, d in
-                                         operation_selectors(db).items()}))
+                                         operation_selectors(db, kernels).items()}))
     excess = harness_gemm_excess(backend, gemm_fixed_costs(db.table))
     providers = tuple(MeasuredView(p, excess, sys_obj.device.memory.bw_bytes_per_s)
                       for p in evidence_providers([db], sys_obj, policy))
@@ -240,10 +241,11 @@ def implementations(db) -> dict[str, str]:
 CONTEXT_SELECTORS = ("sel.str.implementation", "sel.str.runtime", "sel.str.runtime_revision")
 
 
-def operation_selectors(db) -> dict[str, dict[str, str]]:
+def operation_selectors(db, kernels: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
     """Per operation, string selectors the records require beyond the shape and the
     runtime context and that take one value only among the rows of the kernels
-    `implementations` chooses (e.g. the all-reduce `backend`: `vllm_graph`), so
+    `implementations` chooses (`kernels`: its result when the caller has it; e.g. the
+    all-reduce `backend`: `vllm_graph`), so
     the deployment's queries state what its runtime runs. Selectors with several
     values (a phase, a KV dtype, a routing distribution) are shape facts the query must
     state itself; they are never filled in here."""
@@ -254,7 +256,7 @@ def operation_selectors(db) -> dict[str, dict[str, str]]:
     # vLLM's all-reduce table holds its CUDA-graph and eager kernels, each with its own
     # `backend` value: only the rows of the chosen kernels count
     chosen = collections.defaultdict(set)
-    for key, impl in implementations(db).items():
+    for key, impl in (implementations(db) if kernels is None else kernels).items():
         chosen[key.split("@", 1)[0]].add(impl)
     impls = (table.column("sel.str.implementation").to_pylist()
              if "sel.str.implementation" in table.column_names else [None] * len(ops))

@@ -202,6 +202,20 @@ class StepCostModel:
             return fn(lo)
         return fn(lo).scaled(1 - w) + fn(hi).scaled(w)
 
+    def _interp2(self, fn, x: float, y: float, *, y_with_zero: bool = False) -> Part:
+        """Bilinear interpolation of `fn(x, y)` between the grid nodes bracketing x and y."""
+        x0, x1, wx = self._bracket(x)
+        y0, y1, wy = self._bracket(y, with_zero=y_with_zero)
+        out = ZERO
+        for xi, a in ((x0, 1 - wx), (x1, wx)):
+            if a == 0.0:
+                continue
+            for yi, b in ((y0, 1 - wy), (y1, wy)):
+                if b == 0.0:
+                    continue
+                out = out + fn(xi, yi).scaled(a * b)
+        return out
+
     def body(self, tokens: int) -> Part:
         return self._memo(("ibody", tokens), lambda: self._interp1(self.body_exact, tokens))
 
@@ -213,32 +227,12 @@ class StepCostModel:
             return ZERO
         if not self.interpolate:
             return self.attn_decode_exact(requests, int(round(context)))
-        r0, r1, wr = self._bracket(requests)
-        c0, c1, wc = self._bracket(max(context, 1.0))
-        out = ZERO
-        for r, a in ((r0, 1 - wr), (r1, wr)):
-            if a == 0.0:
-                continue
-            for c, b in ((c0, 1 - wc), (c1, wc)):
-                if b == 0.0:
-                    continue
-                out = out + self.attn_decode_exact(r, c).scaled(a * b)
-        return out
+        return self._interp2(self.attn_decode_exact, requests, max(context, 1.0))
 
     def attn_prefill(self, q_tokens: int, context: int) -> Part:
         if not self.interpolate:
             return self.attn_prefill_exact(q_tokens, context)
-        q0, q1, wq = self._bracket(q_tokens)
-        c0, c1, wc = self._bracket(context, with_zero=True)
-        out = ZERO
-        for q, a in ((q0, 1 - wq), (q1, wq)):
-            if a == 0.0:
-                continue
-            for c, b in ((c0, 1 - wc), (c1, wc)):
-                if b == 0.0:
-                    continue
-                out = out + self.attn_prefill_exact(q, c).scaled(a * b)
-        return out
+        return self._interp2(self.attn_prefill_exact, q_tokens, context, y_with_zero=True)
 
     # -- whole steps ------------------------------------------------------------------------
     def busiest_rank(self, shape: StepShape) -> tuple[int, tuple[tuple[int, int], ...]]:

@@ -15,6 +15,17 @@ def check_divisible(value: int, by: int, what: str, constraint: str) -> int:
     return value // by
 
 
+def positive_int_field(model, key: str, what: str) -> int:
+    """`model.raw[key]` as a positive integer, else a ConfigError naming the field and
+    what needs it (`what`, e.g. "multi-head latent attention")."""
+    value = model.raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError("is missing or not a positive integer" if value is None
+                          else f"has value {value!r}", source=model.source, field=key,
+                          expected=f"a positive integer for {what}")
+    return value
+
+
 def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=None, deps=(),
              residual: bool = True, stage: int = 0, count: int | None = None,
              weight_shards: int = 1, replicas: int = 1) -> str:

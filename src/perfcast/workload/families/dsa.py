@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from perfcast.core.dtypes import DType, dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import segment_suffix
+from perfcast.workload.families.common import positive_int_field
 from perfcast.workload.graph import GraphBuilder, attended_pairs
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import Engine, TensorSpec
@@ -52,14 +53,7 @@ SPARSE_OPERATORS = {
 
 
 def dsa_dims(model: ModelSpec) -> dict[str, int]:
-    dims = {}
-    for key in DSA_FIELDS:
-        value = model.raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError("is missing or not a positive integer" if value is None
-                              else f"has value {value!r}", source=model.source, field=key,
-                              expected="a positive integer for DeepSeek Sparse Attention")
-        dims[key] = value
+    dims = {key: positive_int_field(model, key, "DeepSeek Sparse Attention") for key in DSA_FIELDS}
     if not model.raw.get("q_lora_rank"):
         raise ConfigError("is missing", source=model.source, field="q_lora_rank",
                           expected="a query latent for the DSA indexer's wq_b")

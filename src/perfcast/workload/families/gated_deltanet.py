@@ -36,7 +36,8 @@ from __future__ import annotations
 from perfcast.core.dtypes import dtype_bytes, parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import segment_suffix
-from perfcast.workload.families.common import check_divisible, tp_all_reduce
+from perfcast.workload.families.common import (check_divisible, positive_int_field,
+                                               tp_all_reduce)
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import Engine, TensorSpec
@@ -71,14 +72,7 @@ AIC_GDN_AXES = {"batch_size": "batch", "seq_len": "seq_len", "num_tokens": "num_
 
 
 def gdn_dims(model: ModelSpec) -> dict[str, int]:
-    dims = {}
-    for key in GDN_FIELDS:
-        value = model.raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError("is missing or not a positive integer" if value is None
-                              else f"has value {value!r}", source=model.source, field=key,
-                              expected="a positive integer for gated DeltaNet layers")
-        dims[key] = value
+    dims = {key: positive_int_field(model, key, "gated DeltaNet layers") for key in GDN_FIELDS}
     if dims["linear_num_value_heads"] % dims["linear_num_key_heads"]:
         raise ConfigError("is not a multiple of linear_num_key_heads", source=model.source,
                           field="linear_num_value_heads", expected="a multiple")

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import gqa_attention
+from perfcast.workload.families.common import positive_int_field
 from perfcast.workload.families.decoder import build_layers
 from perfcast.workload.families.ffn import dense_mlp, moe_ffn
 from perfcast.workload.families.traits import LayerKind, MoeSpec, traits_for
@@ -26,18 +27,9 @@ from perfcast.workload.model_spec import ModelSpec
 NOPE_INTERVAL = 4  # HF default: layer i uses RoPE (chunked) unless (i + 1) % 4 == 0
 
 
-def _positive(model: ModelSpec, key: str) -> int:
-    value = model.raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError("is missing or not a positive integer" if value is None
-                          else f"has value {value!r}", source=model.source, field=key,
-                          expected="a positive integer for Llama-4")
-    return value
-
-
 def llama4_kinds(model: ModelSpec) -> list[LayerKind]:
     n = model.num_layers
-    step = _positive(model, "interleave_moe_layer_step")
+    step = positive_int_field(model, "interleave_moe_layer_step", "Llama-4")
     chunk = model.raw.get("attention_chunk_size")
     rope = model.raw.get("no_rope_layers") or [int((i + 1) % NOPE_INTERVAL != 0)
                                                for i in range(n)]
@@ -59,7 +51,7 @@ def build(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...] 
     traits = traits_for(m)
     kinds = llama4_kinds(m)
     spec = replace(MoeSpec.from_model(m), shared_inter=m.intermediate_size,
-                   dense_inter=_positive(m, "intermediate_size_mlp"))
+                   dense_inter=positive_int_field(m, "intermediate_size_mlp", "Llama-4"))
 
     def attention(b, run, deps, stage, kind):
         return gqa_attention(b, run, deps, stage, window=None, traits=traits,

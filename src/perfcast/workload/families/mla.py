@@ -21,7 +21,8 @@ from __future__ import annotations
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import segment_suffix
-from perfcast.workload.families.common import check_divisible, rms_norm, tp_all_reduce
+from perfcast.workload.families.common import (check_divisible, positive_int_field, rms_norm,
+                                               tp_all_reduce)
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import TensorSpec
@@ -31,14 +32,7 @@ MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_di
 
 
 def mla_dims(model: ModelSpec) -> dict[str, int]:
-    dims = {}
-    for key in MLA_FIELDS:
-        value = model.raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError("is missing or not a positive integer" if value is None
-                              else f"has value {value!r}", source=model.source, field=key,
-                              expected="a positive integer for multi-head latent attention")
-        dims[key] = value
+    dims = {key: positive_int_field(model, key, "multi-head latent attention") for key in MLA_FIELDS}
     q_lora = model.raw.get("q_lora_rank")
     dims["q_lora_rank"] = int(q_lora) if q_lora else 0
     return dims
