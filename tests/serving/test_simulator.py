@@ -207,3 +207,21 @@ def test_first_chunk_overhead_does_not_delay_the_closed_loop():
     assert chunk.throughput_tokens_per_s == pytest.approx(base.throughput_tokens_per_s)
     assert chunk.ttft_ms["mean"] == pytest.approx(base.ttft_ms["mean"] + 50.0)
     assert front.throughput_tokens_per_s < 0.9 * base.throughput_tokens_per_s
+
+
+def test_frontend_service_serialises_a_burst_and_hides_at_low_load():
+    """Four one-token requests arrive together at a front-end that serves one request at
+    a time (30 ms each) behind a 5 ms front-end latency: the engine sees request k at
+    30 ms x (k + 1) and prefills it in 20 ms, so TTFT_k = 30 (k + 1) + 20 ms exactly. A
+    lone request whose service time fits inside the front-end latency is not delayed."""
+    cost = LinearCost(A, B)                       # 100-token prefill: 20 ms
+    client = OpenLoopClient(LengthDistribution(100, 1), 4, arrival_times_s=[0.0] * 4)
+    res = simulate(client, [engine(cost)], num_gpus=1, frontend_s=0.005,
+                   frontend_service_s=0.030)
+    ttfts = sorted(r.first_token_s - r.arrival_s for r in res.finished)
+    assert ttfts == pytest.approx([0.050, 0.080, 0.110, 0.140])
+
+    alone = OpenLoopClient(LengthDistribution(100, 1), 1, arrival_times_s=[0.0])
+    m = simulate(alone, [engine(cost)], num_gpus=1, frontend_s=0.005,
+                 frontend_service_s=0.004).metrics
+    assert m.ttft_ms["mean"] == pytest.approx(25.0)

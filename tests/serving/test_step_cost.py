@@ -121,6 +121,16 @@ def test_first_chunk_overhead_is_read_in_microseconds_and_optional(tmp_path):
     assert load_backend(str(mine)).overheads.first_chunk_overhead_s == pytest.approx(1.5e-3)
 
 
+def test_frontend_request_service_is_read_in_microseconds_and_optional(tmp_path):
+    assert load_backend("trtllm").overheads.frontend_request_service_s > 0.0
+    text = open(load_backend("vllm").source).read()
+    lines = [ln for ln in text.splitlines(keepends=True)
+             if not ln.lstrip().startswith("frontend_request_service")]
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("".join(lines))
+    assert load_backend(str(mine)).overheads.frontend_request_service_s == 0.0
+
+
 def test_overlapped_host_sets_a_floor_instead_of_adding():
     """Host work 2 ms + 0.1 ms per request. Without overlap it adds to the GPU time;
     with an overlap scheduler the iteration lasts the longer of the two, so a small

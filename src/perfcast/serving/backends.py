@@ -87,6 +87,7 @@ class Overheads:
     per_request_overhead_s: float = 0.0
     frontend_overhead_s: float = 0.0
     first_chunk_overhead_s: float = 0.0
+    frontend_request_service_s: float = 0.0
     host_overlapped: bool = False
 
 
@@ -180,6 +181,8 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 per_request_overhead_s=float(ov["per_request_overhead_us"]) * 1e-6,
                 frontend_overhead_s=float(ov.get("frontend_overhead_us", 0.0)) * 1e-6,
                 first_chunk_overhead_s=float(ov.get("first_chunk_overhead_us", 0.0)) * 1e-6,
+                frontend_request_service_s=float(
+                    ov.get("frontend_request_service_us", 0.0)) * 1e-6,
                 host_overlapped=bool(ov.get("host_overlapped", False))),
             source=source)
     except KeyError as exc:

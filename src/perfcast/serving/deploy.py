@@ -173,7 +173,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         front, _ = engines(cfg.pool, "agg")
         return simulate(client, front, num_gpus=cfg.pool.gpus,
                         frontend_s=backend.overheads.frontend_overhead_s,
-                        first_chunk_s=backend.overheads.first_chunk_overhead_s)
+                        first_chunk_s=backend.overheads.first_chunk_overhead_s,
+                        frontend_service_s=backend.overheads.frontend_request_service_s)
     if cfg.decode_pool is None:
         raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
                           expected="decode workers and their layout")
@@ -187,4 +188,5 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     return simulate(client, front, decode_engines=back, transfer_s=transfer,
                     frontend_s=backend.overheads.frontend_overhead_s,
                     first_chunk_s=backend.overheads.first_chunk_overhead_s,
+                    frontend_service_s=backend.overheads.frontend_request_service_s,
                     num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus)

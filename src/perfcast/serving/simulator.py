@@ -54,13 +54,20 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              decode_engines: Sequence[Engine] = (),
              transfer_s: Callable[[Request], float] | None = None,
              frontend_s: float = 0.0, first_chunk_s: float = 0.0,
+             frontend_service_s: float = 0.0,
              max_iterations: int = 50_000_000) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
     `decode_engines` (disagg) until every request has finished or been rejected.
     `frontend_s`: server time before the engine sees a request (HTTP, tokenisation).
     `first_chunk_s`: time from the engine's first token to the client's first streamed
     chunk; it delays only what the client sees first (TTFT grows by it, e2e does not,
-    so TPOT = (e2e - TTFT) / (output - 1) shrinks), never the engine's schedule."""
+    so TPOT = (e2e - TTFT) / (output - 1) shrinks), never the engine's schedule.
+    `frontend_service_s`: server work per request done one request at a time (one
+    event loop per front engine: chat template, tokenisation, submission), in arrival
+    order; the engine sees a request at max(arrival + frontend_s, end of its turn). At
+    low load only its excess over `frontend_s` shows; bursts of arrivals and request
+    rates near 1 / frontend_service_s queue there, in TTFT, with fewer requests in the
+    engine."""
     disagg = bool(decode_engines)
     front = _Router(engines)
     back = _Router(decode_engines) if disagg else None
@@ -68,12 +75,18 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     everything = [*engines, *decode_engines]
     finished: list[Request] = []
     rejected: list[Request] = []
+    frontend_free_s = {id(e): 0.0 for e in engines}   # one server process per front engine
 
     def issue(reqs: list[Request]) -> None:
         for r in reqs:
             e = front.pick()
             owner[r.rid] = e
-            ev = e.submit(r, r.arrival_s + frontend_s)
+            seen_s = r.arrival_s + frontend_s
+            if frontend_service_s > 0.0:
+                turn_end = max(r.arrival_s, frontend_free_s[id(e)]) + frontend_service_s
+                frontend_free_s[id(e)] = turn_end
+                seen_s = max(seen_s, turn_end)
+            ev = e.submit(r, seen_s)
             if ev is not None:
                 handle(ev, e)
 
