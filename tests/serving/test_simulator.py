@@ -220,8 +220,11 @@ def test_frontend_service_serialises_a_burst_and_hides_at_low_load():
                    frontend_service_s=0.030)
     ttfts = sorted(r.first_token_s - r.arrival_s for r in res.finished)
     assert ttfts == pytest.approx([0.050, 0.080, 0.110, 0.140])
+    # the wait beyond the 5 ms latency is reported: 25, 55, 85, 115 ms
+    assert res.metrics.frontend_queue_ms["mean"] == pytest.approx(70.0)
 
     alone = OpenLoopClient(LengthDistribution(100, 1), 1, arrival_times_s=[0.0])
     m = simulate(alone, [engine(cost)], num_gpus=1, frontend_s=0.005,
                  frontend_service_s=0.004).metrics
     assert m.ttft_ms["mean"] == pytest.approx(25.0)
+    assert m.frontend_queue_ms["mean"] == 0.0

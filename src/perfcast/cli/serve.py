@@ -15,7 +15,7 @@ from perfcast.cli.errors import user_errors
 from perfcast.cli.estimate import build_plan
 from perfcast.core.errors import ConfigError
 
-METRIC_ROWS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+METRIC_ROWS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "frontend_queue_ms")
 
 
 class OutputFormat(str, Enum):

@@ -4,6 +4,8 @@ Definitions (those of benchmark_serving):
 * TTFT: first token time - arrival; TPOT: (e2e - TTFT) / (output tokens - 1), for
   requests with more than one output token; ITL: every gap between consecutive tokens
   of a request (weighted over all measured requests); E2E: finish - arrival.
+* frontend_queue_ms: time a request waited for the server front-end's turn beyond its
+  fixed latency (part of TTFT; zero unless the backend serialises front-end work).
 * throughput_tokens_per_s: output tokens of measured requests / (last finish - first
   arrival of measured requests); per GPU: divided by every GPU of the deployment;
   per user: 1000 / mean TPOT (the decode speed one user sees).
@@ -59,6 +61,7 @@ class ServingMetrics:
     kv_utilization_peak: float
     duration_s: float
     num_gpus: int
+    frontend_queue_ms: dict
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -103,4 +106,5 @@ def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], en
         request_throughput_per_s=len(done) / duration if duration else 0.0,
         completed_requests=len(done), rejected_requests=len(rejected), preemptions=preempt,
         kv_utilization_mean=kv_ts / busy if busy else 0.0, kv_utilization_peak=peak,
-        duration_s=duration, num_gpus=num_gpus)
+        duration_s=duration, num_gpus=num_gpus,
+        frontend_queue_ms=summary_ms([r.frontend_wait_s for r in done]))

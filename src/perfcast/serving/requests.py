@@ -15,7 +15,7 @@ class Request:
     __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "measured",
                  "prefill_target", "prefilled", "generated", "first_token_s", "last_token_s",
                  "finish_s", "kv_base", "join_counter", "seq", "preemptions", "reject_reason",
-                 "transfer_s", "active")
+                 "transfer_s", "active", "frontend_wait_s")
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int,
                  measured: bool = True) -> None:
@@ -37,6 +37,7 @@ class Request:
         self.reject_reason = ""
         self.transfer_s = 0.0
         self.active = False
+        self.frontend_wait_s = 0.0    # waiting for the front-end's turn (simulate)
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (f"Request({self.rid}, in={self.input_tokens}, out={self.output_tokens}, "

@@ -85,6 +85,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             if frontend_service_s > 0.0:
                 turn_end = max(r.arrival_s, frontend_free_s[id(e)]) + frontend_service_s
                 frontend_free_s[id(e)] = turn_end
+                r.frontend_wait_s = max(0.0, turn_end - seen_s)
                 seen_s = max(seen_s, turn_end)
             ev = e.submit(r, seen_s)
             if ev is not None:
