@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default=None, help="only rows of this mode (agg | disagg)")
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--statistic", default="mean", help="mean | p50 of the simulated requests")
+    ap.add_argument("--seed", type=int, default=0, help="simulated clients' seed (spread check)")
     args = ap.parse_args(argv)
     rows = read_rows(Path(args.csv))
     if args.mode:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         evidence_for = evidence_loader(Path(args.evidence_root))
     t0 = time.perf_counter()
     results = validate_rows(rows, configs_dir=Path(args.model_configs), evidence_for=evidence_for,
-                            statistic=args.statistic)
+                            statistic=args.statistic, seed=args.seed)
     wall = time.perf_counter() - t0
     for label, subset in (("all rows", results), ("agg rows", [r for r in results if r.mode == "agg"])):
         print(f"== {label}")

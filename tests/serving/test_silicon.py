@@ -197,3 +197,15 @@ def test_littles_law_diagnostics_by_hand():
     # the two views add up: in decode + waiting share = C
     waiting = 8 - closed_loop_in_decode(8, 101, 250.0, 10.0)
     assert waiting == pytest.approx(ttft_in_completion_gaps(8, 101, 250.0, 10.0))
+
+
+def test_seed_reaches_the_simulated_clients():
+    # sampled lengths (harness ratio 0.8) differ by seed, so the prediction moves a little
+    from perfcast.serving.silicon import validate_rows as run
+    row = dict(read_rows(FIXTURE)[0], mode="agg", isl="512", osl="64", batch_size="8",
+               tp_size="1", pp_size="1", attention_dp_size="1", moe_tp_size="",
+               moe_ep_size="1", silicon_data_source="silicon_concurrency=8")
+    a, b = run([row]), run([row], seed=1)
+    assert a[0].predicted and b[0].predicted
+    assert a[0].pred_ttft_ms != b[0].pred_ttft_ms
+    assert b[0].pred_ttft_ms == pytest.approx(a[0].pred_ttft_ms, rel=0.3)

@@ -377,11 +377,13 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  overheads: dict | None = None, statistic: str = "mean") -> list[RowResult]:
+                  overheads: dict | None = None, statistic: str = "mean",
+                  seed: int = 0) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
     `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
-    `statistic`: which per-request aggregate is compared with the row (mean | p50)."""
+    `statistic`: which per-request aggregate is compared with the row (mean | p50).
+    `seed`: the simulated clients' seed (request lengths), to measure run-to-run spread."""
     if statistic not in ("mean", "p50"):
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
@@ -401,6 +403,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             if res.measured_ttft_ms <= 0 or res.measured_tpot_ms <= 0:
                 raise RowError("measured TTFT/TPOT must be positive")
             cfg, notes = row_config(row, models, rules, overheads)
+            if seed:
+                cfg = replace(cfg, seed=seed)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes
             contradiction = below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
