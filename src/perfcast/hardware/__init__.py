@@ -9,7 +9,12 @@ from perfcast.hardware.model import (
     MemorySpec,
     System,
 )
-from perfcast.hardware.catalog_loader import available_devices, load_system
+from perfcast.hardware.catalog_loader import (
+    available_devices,
+    device_aliases,
+    load_system,
+    resolve_device_name,
+)
 
 __all__ = [
     "Device",
@@ -20,5 +25,7 @@ __all__ = [
     "MemorySpec",
     "System",
     "available_devices",
+    "device_aliases",
     "load_system",
+    "resolve_device_name",
 ]

@@ -24,6 +24,7 @@ from perfcast.hardware.model import (
 )
 
 _CATALOG_PACKAGE = "perfcast.hardware"
+_ALIASES_FILE = "aliases.yaml"
 _ENGINE_KEYS = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
 _TOPOLOGIES = {"switch", "ring", "full_mesh", "torus", "fat_tree"}
 TERA = 1e12
@@ -38,6 +39,63 @@ def _catalog_dir() -> Path:
 def available_devices() -> list[str]:
     """Names of the packaged device profiles (file stems)."""
     return sorted(p.stem for p in _catalog_dir().glob("*.yaml"))
+
+
+def _aliases_path() -> Path:
+    return Path(str(resources.files(_CATALOG_PACKAGE).joinpath(_ALIASES_FILE)))
+
+
+@functools.lru_cache(maxsize=1)
+def _load_aliases() -> FrozenDict[str, str]:
+    path = _aliases_path()
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    src = str(path)
+    if not isinstance(data, dict) or not isinstance(data.get("aliases", {}), dict):
+        raise ConfigError("is not a mapping", source=src, field="aliases",
+                          expected="a mapping of alias -> catalog name")
+    names = set(available_devices())
+    out: dict[str, str] = {}
+    for alias, target in (data.get("aliases") or {}).items():
+        if not isinstance(alias, str) or not isinstance(target, str):
+            raise ConfigError(f"has entry {alias!r}: {target!r}", source=src, field="aliases",
+                              expected="string keys and values")
+        key = _normalise(alias)
+        if key in names:
+            raise ConfigError(f"alias {alias!r} shadows a catalog device", source=src,
+                              field=f"aliases.{alias}", expected="a name that is not a file stem")
+        if target not in names:
+            raise ConfigError(f"alias {alias!r} names unknown device {target!r}", source=src,
+                              field=f"aliases.{alias}", expected="one of " + ", ".join(sorted(names)))
+        out[key] = target
+    return FrozenDict(out)
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def device_aliases() -> dict[str, str]:
+    """Other spellings of packaged device names: alias -> catalog name (a fresh dict).
+
+    The table is data (`perfcast/hardware/aliases.yaml`): spellings other tools use for a
+    device we ship under another name (e.g. AIConfigurator's `gb200_sxm` for `gb200`).
+    Lookups ignore case and treat `-` as `_`."""
+    return dict(_load_aliases())
+
+
+def resolve_device_name(name: str) -> str:
+    """The catalog name for a catalog name or an alias (case-insensitive, `-` = `_`);
+    a ConfigError naming the known names when it is neither."""
+    names = available_devices()
+    key = _normalise(str(name))
+    if key in names:
+        return key
+    aliases = _load_aliases()
+    if key in aliases:
+        return aliases[key]
+    raise ConfigError(f"unknown device {str(name)!r}", field="--device",
+                      expected="a catalog name (" + ", ".join(names) + "), an alias ("
+                      + ", ".join(sorted(aliases)) + ") or a YAML path")
 
 
 class _Reader:
@@ -209,12 +267,10 @@ def _load_catalog(name: str) -> System:
 
 
 def load_system(device: str | Path) -> System:
-    """A catalog name (`h100_sxm`) or a path to a YAML file of the same schema."""
+    """A catalog name (`h100_sxm`), an alias of one (`gb200_sxm` -> `gb200`, see
+    `device_aliases`), or a path to a YAML file of the same schema. An alias loads the
+    very same System (same name and digest) as its catalog name."""
     text = str(device)
     if text.endswith((".yaml", ".yml")) or "/" in text or Path(text).is_file():
         return load_system_file(text)
-    names = available_devices()
-    if text not in names:
-        raise ConfigError(f"unknown device {text!r}", field="--device",
-                          expected="a catalog name (" + ", ".join(names) + ") or a YAML path")
-    return _load_catalog(text)
+    return _load_catalog(resolve_device_name(text))

@@ -60,6 +60,26 @@ class Device(Record):
         except KeyError:
             raise ConfigError(f"device {self.name} has no {key} engine") from None
 
+    def has_matrix_dtype(self, dtype: DType | str) -> bool:
+        """Whether the matrix engine (tensor / cube cores) has a native path for `dtype`.
+
+        `dtype` is any spelling `perfcast.core.dtypes.parse_dtype` accepts. It is mapped
+        to the engine's rate key first (`nvfp4`, `mxfp4` and `fp4` -> `fp4`, `fp8_block`
+        -> `fp8`), and the answer is whether the device profile lists a matrix peak for
+        that key. So `nvfp4` is True on B200/GB200/B300/GB300 and False on H100/H200
+        (no FP4 tensor cores), `int4` is True on A100 and False on H100.
+
+        The answer is about math whose operands are in `dtype` (a W4A16 scheme's
+        activations are not fp4; ask about the dtype the GEMM actually runs in). `fp32`
+        is True only where the profile lists a native fp32 matrix rate (MI300X, Ascend);
+        NVIDIA tensor cores run fp32 GEMMs as `tf32`, a different precision, so ask for
+        `tf32` for that path. Index dtypes (int32, int64, bool) are never matrix dtypes.
+        An unknown spelling raises the ConfigError of `parse_dtype` rather than
+        answering False.
+        """
+        engine = self.engines.get(EngineKind.MATRIX.value)
+        return engine is not None and engine.peak_for(dtype) is not None
+
 
 @dataclass(frozen=True)
 class InterconnectTier(Record):
@@ -136,6 +156,11 @@ class System(Record):
             if tier.group_capacity is None or group_size <= tier.group_capacity:
                 return tier
         return self.tiers[-1]
+
+    def has_matrix_dtype(self, dtype: DType | str) -> bool:
+        """Whether this system's device has a native matrix-engine path for `dtype`;
+        see `Device.has_matrix_dtype`."""
+        return self.device.has_matrix_dtype(dtype)
 
     def tier_named(self, name: str) -> InterconnectTier:
         for tier in self.tiers:
