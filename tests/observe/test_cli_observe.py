@@ -28,6 +28,8 @@ def test_import_list_show_silicon(tmp_path):
     assert digest.startswith("sha256:") and len(digest) == 71
     assert ObservationStore(store).get(digest).silicon_rows()[0]["id"].startswith("meta_llama")
     assert "reading" in res.stderr                        # progress goes to stderr
+    log = json.loads((store / "imports.jsonl").read_text().splitlines()[0])
+    assert log["note"] == f"imported from {SILICON.resolve()}" and log["new"] is True
     listed = json.loads(_run("list", "--store", store, "--format", "json").stdout)
     assert [s["observation_set"] for s in listed] == [digest]
     table = _run("list", "--store", store).stdout

@@ -37,9 +37,9 @@ def _progress(message: str) -> None:
     print(f"observe: {message}", file=sys.stderr, flush=True)
 
 
-def _report_import(obs, store: Optional[Path]) -> None:
+def _report_import(obs, store: Optional[Path], source: Path) -> None:
     _progress(f"storing {len(obs)} observations")
-    digest = _store(store).put(obs, note=",".join(s.name for s in obs.manifest.sources[:3]))
+    digest = _store(store).put(obs, note=f"imported from {source.resolve()}")
     typer.echo(json.dumps({"observation_set": digest, "kind": obs.kind, "rows": len(obs),
                            "system": obs.manifest.system,
                            "sources": len(obs.manifest.sources),
@@ -57,7 +57,7 @@ def import_silicon_command(
         from perfcast.observe.silicon import import_silicon
 
         _progress(f"reading {file}")
-        _report_import(import_silicon(file), store)
+        _report_import(import_silicon(file), store, file)
 
 
 @import_app.command("kernels")
@@ -77,7 +77,7 @@ def import_kernels_command(
         from perfcast.observe.kernels import import_kernels
 
         _report_import(import_kernels(path, system=system, kernel_types=tuple(kernel_type or ()),
-                                      progress=_progress), store)
+                                      progress=_progress), store, path)
 
 
 @app.command("list")
