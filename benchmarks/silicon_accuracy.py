@@ -1,61 +1,191 @@
-"""Accuracy of `perfcast validate silicon` on a silicon-sample CSV.
+"""Accuracy of perfcast's serving predictions on measured deployments, in sample and
+held out.
 
-    python benchmarks/silicon_accuracy.py [CSV] [--evidence-root DIR] [--model-configs DIR]
+    python benchmarks/silicon_accuracy.py [--systems h100_sxm h200_sxm]
+        [--evidence-root DIR] [--model-configs DIR] [--cv model backend system]
+        [--json FILE] [--seed N]
 
-Prints coverage, TTFT/TPOT MAPE and median APE per system x model x backend and
-overall, for all rows and for the agg rows, plus the wall time of the run.
+For the agg rows of each system's silicon file (../shared/reference/silicon/<system>.csv)
+it prints coverage, TTFT and TPOT MAPE and median APE per system x model x backend and
+overall:
+
+- `none`: physics only (no fitted overheads);
+- `in-sample`: the serving overheads fitted on all rows, scored on the same rows;
+- `held-out <g>`: leave-one-<g>-out cross-validation (each row predicted by a fit that
+  never saw its group; `system` = fit on the other GPU: H100 -> H200 transfer);
+- `default`: the revision shipped with perfcast (what `--calibration default` uses).
+
+Every figure is a full simulation of the row (held-out rows are simulated with their
+fold's parameters). The wall time of the fit is printed too.
+
+    python benchmarks/silicon_accuracy.py --quick FILE.csv   # one file, default revision
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import json
 import sys
 import time
 from pathlib import Path
 
-from perfcast.serving.silicon import read_rows, summarize, validate_rows
+import numpy as np
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
+KEYS = ("system", "model_path", "backend")
+
+
+def group_scores(rows, pred_t, pred_p, meas_t, meas_p, usable) -> dict[tuple, dict]:
+    """Scores per (system, model, backend) and overall ('*', '*', '*')."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        key = tuple((r.get(k) or "").strip() for k in KEYS)
+        groups.setdefault(key, []).append(i)
+        groups.setdefault((key[0], "*", "*"), []).append(i)
+    groups[("*", "*", "*")] = list(range(len(rows)))
+    out = {}
+    for key, idx in groups.items():
+        idx = np.array(idx)
+        ok = usable[idx] & np.isfinite(pred_t[idx]) & np.isfinite(pred_p[idx])
+        sel = idx[ok]
+        at = np.abs(pred_t[sel] / meas_t[sel] - 1)
+        ap = np.abs(pred_p[sel] / meas_p[sel] - 1)
+        out[key] = {"rows": int(len(idx)), "predicted": int(ok.sum()),
+                    "coverage": float(ok.mean()) if len(idx) else 0.0,
+                    "ttft_mape": float(at.mean()) if at.size else None,
+                    "ttft_median_ape": float(np.median(at)) if at.size else None,
+                    "tpot_mape": float(ap.mean()) if ap.size else None,
+                    "tpot_median_ape": float(np.median(ap)) if ap.size else None}
+    return out
+
+
+def _pct(v) -> str:
+    return "   -  " if v is None else f"{100 * v:5.1f}%"
+
+
+def print_table(title: str, columns: dict[str, dict[tuple, dict]]) -> None:
+    print(f"== {title}")
+    names = list(columns)
+    head = f"{'system':9s} {'model':34s} {'backend':7s} {'rows':>4s} {'cov':>6s}"
+    for n in names:
+        head += f" | {n[:22]:^22s}"
+    print(head)
+    sub = " " * 64 + "".join(" | TTFT mape/med TPOT mape/med"[:25] for _ in names)
+    print(sub)
+    keys = sorted(next(iter(columns.values())), key=lambda k: (k[0] == "*", k[0], k[1] == "*",
+                                                                k[1], k[2]))
+    for key in keys:
+        first = columns[names[0]][key]
+        line = (f"{key[0][:9]:9s} {key[1][:34]:34s} {key[2][:7]:7s} {first['rows']:4d} "
+                f"{100 * first['coverage']:5.1f}%")
+        for n in names:
+            g = columns[n][key]
+            line += (f" | {_pct(g['ttft_mape'])}/{_pct(g['ttft_median_ape'])[1:]}"
+                     f" {_pct(g['tpot_mape'])}/{_pct(g['tpot_median_ape'])[1:]}")
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("csv", nargs="?", default=str(REF / "silicon" / "h100_sxm.csv"))
-    ap.add_argument("--evidence-root", default=None)
+    ap.add_argument("--systems", nargs="+", default=["h100_sxm", "h200_sxm"])
+    ap.add_argument("--evidence-root", default=str(REF / "aiconfigurator"),
+                    help="measured kernel tables ('' for analytic only)")
     ap.add_argument("--model-configs", default=str(REF / "model_configs"))
-    ap.add_argument("--mode", default=None, help="only rows of this mode (agg | disagg)")
-    ap.add_argument("--limit", type=int, default=0)
-    ap.add_argument("--statistic", default="mean", help="mean | p50 of the simulated requests")
-    ap.add_argument("--seed", type=int, default=0, help="simulated clients' seed (spread check)")
+    ap.add_argument("--cv", nargs="*", default=["model", "backend", "system"])
+    ap.add_argument("--json", default=None, help="write every figure here")
+    ap.add_argument("--revision-out", default=None, help="write the joint revision JSON here")
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--quick", default=None, help="only validate this CSV with the shipped "
+                    "default revision (no fit)")
     args = ap.parse_args(argv)
-    rows = read_rows(Path(args.csv))
-    if args.mode:
-        rows = [r for r in rows if r.get("mode") == args.mode]
-    if args.limit:
-        rows = rows[: args.limit]
-    evidence_for = None
-    if args.evidence_root:
-        from perfcast.serving.evidence import evidence_loader
+    evidence_root = Path(args.evidence_root) if args.evidence_root else None
+    configs = Path(args.model_configs)
+    if args.quick:
+        return quick(Path(args.quick), evidence_root, configs)
 
-        evidence_for = evidence_loader(Path(args.evidence_root))
+    from perfcast.calibrate.fit_serving import fit_serving_revision
+    from perfcast.calibrate.revision import dumps
+    from perfcast.calibrate.serving import simulate_rows
+    from perfcast.calibrate.store import default_revision
+    from perfcast.observe.silicon import import_silicon
+
+    sets = [import_silicon(REF / "silicon" / f"{s}.csv") for s in args.systems]
+    cv = [g for g in args.cv if g != "system" or len(args.systems) > 1]
     t0 = time.perf_counter()
-    results = validate_rows(rows, configs_dir=Path(args.model_configs), evidence_for=evidence_for,
-                            statistic=args.statistic, seed=args.seed)
-    wall = time.perf_counter() - t0
-    for label, subset in (("all rows", results), ("agg rows", [r for r in results if r.mode == "agg"])):
-        print(f"== {label}")
-        for g in summarize(subset):
-            fmt = lambda v: "-" if v is None else f"{100 * v:6.1f}%"
-            print(f"{g['model'][:34]:34s} {g['backend']:7s} rows {g['rows']:4d} "
-                  f"cov {100 * g['coverage']:5.1f}%  TTFT MAPE {fmt(g['ttft_mape'])} "
-                  f"med {fmt(g['ttft_median_ape'])}  TPOT MAPE {fmt(g['tpot_mape'])} "
-                  f"med {fmt(g['tpot_median_ape'])}")
-    reasons = collections.Counter(r.reason.split(" (")[0][:90] for r in results if r.reason)
-    print("== reasons")
-    for reason, n in reasons.most_common(12):
-        print(f"{n:4d}  {reason}")
-    print(f"== {len(rows)} rows in {wall:.1f} s")
+    rev, details = fit_serving_revision(sets, evidence_root=evidence_root,
+                                        model_configs=configs, cv=cv,
+                                        workers=args.workers or None,
+                                        progress=lambda m: print(m, file=sys.stderr))
+    fit_s = time.perf_counter() - t0
+    data = details["data"]
+    usable = details["usable"] & np.isfinite(data.measured_tpot)
+    mt, mp = data.measured_ttft, data.measured_tpot
+    idx_all = list(range(len(data.rows)))
+    from perfcast.serving.backends import load_backend
+    zero = {}                            # physics only: the backend files' values
+    for n in data.names:
+        _, backend, field = n.split(".", 2)
+        zero[n] = 1e6 * getattr(load_backend(backend).overheads, field[:-3] + "_s")
+
+    def sim(theta):
+        return simulate_rows(data, [(idx_all, theta)], configs_dir=configs,
+                             evidence_root=evidence_root, workers=args.workers or None)
+
+    columns: dict[str, dict] = {}
+    t, p, _ = sim(zero)
+    columns["none"] = group_scores(data.rows, t, p, mt, mp, usable)
+    t, p, _ = sim(details["fit"].theta)
+    columns["in-sample"] = group_scores(data.rows, t, p, mt, mp, usable)
+    for scheme in details["schemes"]:
+        preds = scheme["predictions"]
+        columns[f"held-out {scheme['group_by']}"] = group_scores(
+            data.rows, preds["ttft"], preds["tpot"], mt, mp, usable)
+    try:
+        shipped = default_revision()
+        part = shipped.part("serving_overheads")
+        theta = {n: part.parameter(n).value for n in data.names}
+        t, p, _ = sim(theta)
+        columns[f"default {shipped.short}"] = group_scores(data.rows, t, p, mt, mp, usable)
+    except Exception as exc:  # a checkout without a shipped revision
+        print(f"(no shipped default revision: {exc})", file=sys.stderr)
+    total_s = time.perf_counter() - t0
+    print_table("agg rows: TTFT and TPOT MAPE / median APE", columns)
+    print(f"== revision {rev.digest} fitted on {int(usable.sum())} rows of "
+          f"{', '.join(args.systems)}")
+    for prm in rev.parts[0].parameters:
+        std = "-" if prm.std is None else f"{prm.std:.3g}"
+        print(f"  {prm.name:46s} {prm.value:12.4g} +- {std} {prm.unit}")
+    print(f"== fit with {len(cv)} CV schemes: {fit_s:.0f} s; everything: {total_s:.0f} s")
+    if args.revision_out:
+        Path(args.revision_out).write_text(dumps(rev), encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "revision": rev.digest, "fit_seconds": fit_s, "systems": args.systems,
+            "columns": {c: {"|".join(k): v for k, v in g.items()} for c, g in columns.items()}},
+            indent=1), encoding="utf-8")
+    return 0
+
+
+def quick(csv: Path, evidence_root: Path | None, configs: Path) -> int:
+    from perfcast.calibrate.serving import serving_overheads
+    from perfcast.calibrate.store import default_revision
+    from perfcast.serving.silicon import read_rows, summarize, validate_rows
+
+    rows = [r for r in read_rows(csv) if r.get("mode") == "agg"]
+    evidence_for = None
+    if evidence_root:
+        from perfcast.serving.evidence import evidence_loader
+        evidence_for = evidence_loader(evidence_root)
+    rev = default_revision()
+    t0 = time.perf_counter()
+    res = validate_rows(rows, configs_dir=configs, evidence_for=evidence_for,
+                        overheads=serving_overheads(rev.part("serving_overheads")))
+    for g in summarize(res):
+        print(f"{g['model'][:34]:34s} {g['backend']:7s} rows {g['rows']:4d} cov "
+              f"{100 * g['coverage']:5.1f}%  TTFT {_pct(g['ttft_mape'])} med "
+              f"{_pct(g['ttft_median_ape'])}  TPOT {_pct(g['tpot_mape'])} med "
+              f"{_pct(g['tpot_median_ape'])}")
+    print(f"== {len(rows)} rows in {time.perf_counter() - t0:.1f} s (revision {rev.short})")
     return 0
 
 

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead", action="append", default=[],
                     help="BACKEND.FIELD=US or =true|false, e.g. trtllm.frontend_overhead=30000 (sweeps)")
     ap.add_argument("--quiet", action="store_true", help="only the per-model summary")
+    ap.add_argument("--calibration", default="default",
+                    help="revision whose fitted overheads --overhead changes (none: physics)")
     ap.add_argument("--little", action="store_true",
                     help="with --rows: requests in decode by Little's law and TTFT in units of "
                          "the mean time between completions, measured and predicted")
@@ -97,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         from perfcast.serving.evidence import evidence_loader
         evidence_for = evidence_loader(Path(args.evidence_root))
     t0 = time.perf_counter()
-    overheads: dict[str, dict[str, float]] = {}
+    from perfcast.calibrate.serving import serving_overheads
+    from perfcast.calibrate.store import load_calibration
+    revision = load_calibration(args.calibration)
+    overheads = serving_overheads(revision.part("serving_overheads") if revision else None)
     for item in args.overhead:
         key, value = item.split("=")
         backend, fld = key.split(".")

@@ -115,51 +115,16 @@ def _agg_row(**changes):
     return row_config(row, ModelResolver(None, rules), rules)
 
 
-def test_empty_attention_dp_with_concurrency_batch_times_tp_means_attention_dp():
-    # concurrency 192 = batch_size 48 x tp 4 while attention_dp_size is empty: the engine
-    # ran attention-DP 4 over its 4 GPUs, 48 requests per attention rank
+def test_layout_and_concurrency_come_from_the_layout_fields_only():
+    # agg concurrency = batch_size x attention-DP (reference README); provenance text
+    # such as silicon_data_source never changes the layout or the client count
     cfg, notes = _agg_row()
-    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (1, 4, 192)
-    assert any("attention-dp 4" in n for n in notes)
-    # a stated attention-DP field, or concurrency = batch_size, keeps the labelled layout
-    cfg, _ = _agg_row(attention_dp_size="1")
-    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 192)
-    cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=48")
     assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (4, 1, 48)
-
-
-def test_campaign_client_cap_limits_requests_in_flight():
-    # the 2026-04-06 campaign's client keeps at most 100 requests in flight: at C=512 the
-    # engine runs 100, the others wait at the client; C=64 is untouched
-    kw = dict(backend="vllm", backend_version="0.18.0", batch_size="512", tp_size="8",
-              moe_tp_size="8", attention_dp_size="1")
-    src = "source_file=2026-04-06.csv; model=X; silicon_concurrency={}"
-    cfg, notes = _agg_row(silicon_data_source=src.format(512), **kw)
-    assert cfg.concurrency == 512 and cfg.backend.scheduler.client_in_flight == 100
-    assert cfg.backend.scheduler.max_running_requests == 1024  # the server's own limit
-    assert any("in flight capped at 100" in n for n in notes)
-    cfg, _ = _agg_row(silicon_data_source=src.format(64), **dict(kw, batch_size="64"))
-    assert cfg.backend.scheduler.client_in_flight == 0
-    cfg, _ = _agg_row(silicon_data_source="silicon_concurrency=512", **kw)
-    assert cfg.backend.scheduler.client_in_flight == 0
-
-
-def test_in_flight_cap_turns_client_concurrency_into_queueing_ttft():
-    # Little's law on the capped engine: 100 in service, so a closed loop of 512 clients
-    # spends about (512 / 100 - 1) service times waiting; TPOT is that of 100 running
-    from perfcast.serving.silicon import validate_rows as run
-    row = dict(read_rows(FIXTURE)[0])
-    base = dict(row, backend="vllm", backend_version="0.18.0", mode="agg", isl="128",
-                osl="64", batch_size="512", tp_size="8", pp_size="1", attention_dp_size="1",
-                moe_tp_size="", moe_ep_size="1")
-    capped, free = run([dict(base, silicon_data_source="source_file=2026-04-06.csv; "
-                                                        "silicon_concurrency=512"),
-                        dict(base, silicon_data_source="silicon_concurrency=512")])
-    assert capped.predicted and free.predicted
-    service_ms = capped.pred_ttft_ms / (512 / 100 - 1)
-    e2e_ms = 64 * capped.pred_tpot_ms
-    assert 0.5 < service_ms / e2e_ms < 2.0
-    assert capped.pred_tpot_ms < free.pred_tpot_ms and capped.pred_ttft_ms > free.pred_ttft_ms
+    cfg2, _ = _agg_row(silicon_data_source="source_file=x.csv; silicon_concurrency=512")
+    assert (cfg2.pool.plan.tp, cfg2.pool.plan.dp, cfg2.concurrency) == (4, 1, 48)
+    assert cfg2.backend == cfg.backend and cfg2.range_ratio == cfg.range_ratio
+    cfg, _ = _agg_row(attention_dp_size="2", tp_size="2", moe_tp_size="2")
+    assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (2, 2, 96)
 
 
 def test_client_in_flight_must_not_be_negative():
@@ -169,24 +134,41 @@ def test_client_in_flight_must_not_be_negative():
         SchedulerConfig(client_in_flight=-1)
 
 
-def test_vllm_token_budget_follows_the_harness_per_model_rule():
-    # harness: vLLM max-num-batched-tokens 8192, 2 x isl for MiniMax
+def test_vllm_token_budget_follows_the_harness_recipe_of_the_exact_model_id():
+    # harness: vLLM max-num-batched-tokens 8192, 2 x isl for MiniMax-M2.5 (exact id)
     import copy
     kw = dict(backend="vllm", backend_version="0.18.0", batch_size="8", tp_size="1",
               moe_tp_size="1", attention_dp_size="1", silicon_data_source="", isl="8192")
     cfg, _ = _agg_row(**kw)
     assert cfg.backend.scheduler.token_budget == 8192
-    rules = load_rules()
-    assert rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] == {"MiniMax": 2}
-    rules = copy.deepcopy(rules)
-    rules["harness"]["token_budget"]["vllm"]["isl_multiple_for_models"] = {"Llama-3.1-8B": 2}
+    rules = copy.deepcopy(load_rules())
+    recipe = {"vllm": {"token_budget_isl_multiple": 2}, "source": "test recipe"}
+    rules["harness"]["model_recipes"] = {"meta-llama/Llama-3.1-8B": recipe}
     row = {"id": "x", "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm",
            "precision": "bf16", "mode": "agg", "osl": "100", "gemm_quant_mode": "bf16",
            "moe_quant_mode": "", "pp_size": "1", "moe_ep_size": "1", "silicon_ttft_ms": "1",
            "silicon_tpot_ms": "1", **kw}
     cfg, notes = row_config(row, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.token_budget == 16384
-    assert any("2 x isl" in n for n in notes)
+    assert any("2 x isl (test recipe)" in n for n in notes)
+    # a longer id that merely contains the recipe's id gets nothing
+    rules["harness"]["model_recipes"] = {"meta-llama/Llama-3.1-8": recipe}
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.token_budget == 8192
+
+
+def test_package_rules_and_code_carry_no_validation_file_labels():
+    # no campaign names, source file names, dates or provenance keys of a validation
+    # file in the package's rules or code, and no model-name substring rule
+    import re
+    import perfcast
+    root = Path(perfcast.__file__).parent
+    banned = re.compile(r"source_file=|silicon_concurrency|aic-auto|"
+                        r"db-dump|workflow_run_id|20[0-9]{2}-[01][0-9]-[0-3][0-9]\.csv|"
+                        r"isl_multiple_for_models|max_in_flight: 100")
+    hits = [f"{p.relative_to(root)}: {m.group(0)}" for p in root.rglob("*")
+            if p.suffix in (".py", ".yaml") for m in [banned.search(p.read_text("utf-8"))] if m]
+    assert hits == []
 
 
 def test_littles_law_diagnostics_by_hand():

@@ -111,24 +111,39 @@ def test_backend_value_without_source_is_refused(tmp_path):
         load_backend(str(bad))
 
 
+def _without(text: str, prefix: str) -> str:
+    return "".join(ln for ln in text.splitlines(keepends=True)
+                   if not ln.lstrip().startswith(prefix))
+
+
+def test_host_overheads_in_backend_files_are_physics_only_defaults():
+    # fitted host times live in calibration revisions, never in the backend files
+    for name in ("vllm", "sglang", "trtllm"):
+        ov = load_backend(name).overheads
+        assert (ov.step_overhead_s, ov.per_request_overhead_s, ov.frontend_overhead_s,
+                ov.first_chunk_overhead_s, ov.frontend_request_service_s) == (0.0,) * 5
+        assert ov.kernel_launch_eager_s == pytest.approx(4e-6)
+        assert "fitted physical parameter" not in open(load_backend(name).source).read()
+
+
 def test_first_chunk_overhead_is_read_in_microseconds_and_optional(tmp_path):
-    text = open(load_backend("vllm").source).read()
-    assert "first_chunk_overhead_us" not in text
-    assert load_backend("vllm").overheads.first_chunk_overhead_s == 0.0
+    text = _without(open(load_backend("vllm").source).read(), "first_chunk_overhead")
     mine = tmp_path / "mine.yaml"
+    mine.write_text(text)
+    assert load_backend(str(mine)).overheads.first_chunk_overhead_s == 0.0
     mine.write_text(text + '  first_chunk_overhead_us: 1500.0\n'
                     '  first_chunk_overhead_source: "test"\n')
     assert load_backend(str(mine)).overheads.first_chunk_overhead_s == pytest.approx(1.5e-3)
 
 
 def test_frontend_request_service_is_read_in_microseconds_and_optional(tmp_path):
-    assert load_backend("trtllm").overheads.frontend_request_service_s > 0.0
-    text = open(load_backend("vllm").source).read()
-    lines = [ln for ln in text.splitlines(keepends=True)
-             if not ln.lstrip().startswith("frontend_request_service")]
+    text = _without(open(load_backend("vllm").source).read(), "frontend_request_service")
     mine = tmp_path / "mine.yaml"
-    mine.write_text("".join(lines))
+    mine.write_text(text)
     assert load_backend(str(mine)).overheads.frontend_request_service_s == 0.0
+    mine.write_text(text + '  frontend_request_service_us: 20000.0\n'
+                    '  frontend_request_service_source: "test"\n')
+    assert load_backend(str(mine)).overheads.frontend_request_service_s == pytest.approx(0.02)
 
 
 def test_overlapped_host_sets_a_floor_instead_of_adding():

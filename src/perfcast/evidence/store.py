@@ -21,18 +21,14 @@ import time
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError, InvalidEvidenceError
+from perfcast.core.paths import store_root
 from perfcast.evidence.database import MANIFEST, PARQUET_FILE, PerformanceDatabase
 
 ENV = "PERFCAST_EVIDENCE_STORE"
 
 
 def default_root() -> Path:
-    env = os.environ.get(ENV)
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("perfcast")) / "evidence"
+    return store_root(ENV, "evidence")
 
 
 class EvidenceStore:

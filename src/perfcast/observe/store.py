@@ -16,10 +16,10 @@ naming the folder.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError
+from perfcast.core.paths import store_root
 from perfcast.evidence.store import EvidenceStore
 from perfcast.observe.codec import MANIFEST, load_set, manifest_from_json
 from perfcast.observe.model import ObservationSet, set_summary
@@ -28,12 +28,7 @@ ENV = "PERFCAST_OBSERVATION_STORE"
 
 
 def default_root() -> Path:
-    env = os.environ.get(ENV)
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("perfcast")) / "observations"
+    return store_root(ENV, "observations")
 
 
 class ObservationStore(EvidenceStore):

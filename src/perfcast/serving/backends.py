@@ -8,6 +8,7 @@ Users can pass their own YAML path instead of a built-in name.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -124,7 +125,13 @@ def load_backend(name_or_path: str) -> BackendDefaults:
         if not path.is_file():
             raise ConfigError(f"unknown backend {name_or_path!r}", field="backend",
                               expected="a YAML path or one of " + ", ".join(builtin_backends()))
-    return _parse(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+    return _load_file(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _load_file(path: str, mtime_ns: int) -> BackendDefaults:
+    """Parsed once per file version (BackendDefaults is immutable)."""
+    return _parse(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
 
 
 def _section(doc: dict, key: str, source: str) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -28,7 +27,9 @@ from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_servi
 from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
 from perfcast.workload.build import build_task_graph
 from perfcast.workload.model_spec import model_spec_from_config
-from perfcast.workload.quant import precision_for_model
+from perfcast.workload.quant import LINEAR_ACTIONS, precision_for_model
+
+FP4_DTYPES = ("nvfp4", "mxfp4", "fp4")
 
 REQUIRED = ("id", "backend", "model_path", "system", "mode", "isl", "osl",
             "silicon_ttft_ms", "silicon_tpot_ms")
@@ -101,9 +102,13 @@ class ModelResolver:
 
     def candidates(self, name: str) -> list[str]:
         names = [name]
+        exact = (self.aliases.get("exact") or {}).get(name)
+        if exact:
+            names.append(str(exact["base"]))
         for suffix in self.aliases.get("strip_suffixes", []):
-            if name.endswith(suffix):
-                names.append(name[: -len(suffix)])
+            for base in list(names):
+                if base.endswith(suffix):
+                    names.append(base[: -len(suffix)])
         for base in list(names):
             for old, new in self.aliases.get("prefix_renames", {}).items():
                 if base.startswith(old):
@@ -143,37 +148,73 @@ class ModelResolver:
             return None
 
 
-def _precision(row: dict, model: ModelSpec, rules: dict) -> Precision:
+def _weight_family(dtype: str) -> str:
+    return "fp8" if dtype in ("fp8", "fp8_block") else dtype
+
+
+def _label_action(row: dict, key: str, modes: dict) -> str | None:
+    label = (row.get(key) or "").strip()
+    if label not in modes:
+        raise RowError(f"{key} {label!r} is not modelled (known: {', '.join(modes)})")
+    return modes[label]
+
+
+def _precision(row: dict, model: ModelSpec, system: System, rules: dict
+               ) -> tuple[Precision, list[str]]:
+    """The precision that ran: the row's labels (`gemm_quant_mode` for linears,
+    `moe_quant_mode` for routed experts) describe it, except where they cannot: a label
+    whose compute dtype has no matrix units on the device (FP4 on Hopper) falls back to
+    the checkpoint's own scheme. A label that names the checkpoint's own scheme keeps
+    the checkpoint's details (its unquantised modules). Empty labels: the checkpoint."""
     modes = rules["gemm_quant_modes"]
-    gq = (row.get("gemm_quant_mode") or "").strip()
-    if gq not in modes:
-        raise RowError(f"gemm_quant_mode {gq!r} is not modelled (known: {', '.join(modes)})")
-    quantised = bool(model.raw.get("quantization_config") or getattr(model, "quant_config", None))
-    action = None if quantised else modes[gq]
+    notes: list[str] = []
     kv = rules.get("kv_cache_by_precision", {}).get((row.get("precision") or "").strip())
-    return precision_for_model(model, linear_action=action, kv_cache_dtype=kv)
+    checkpoint = precision_for_model(model, kv_cache_dtype=kv)
+    gemm, moe = _label_action(row, "gemm_quant_mode", modes), _label_action(
+        row, "moe_quant_mode", modes) if (row.get("moe_quant_mode") or "").strip() else None
+    if gemm is None and moe is None:
+        return checkpoint, notes
 
+    def runnable(action: str | None, key: str) -> str | None:
+        if action is None:
+            return None
+        pair = LINEAR_ACTIONS[action]
+        compute = pair[1] if pair and pair[1] else (pair[0] if pair else "")
+        if compute and compute in FP4_DTYPES and not system.has_matrix_dtype(compute):
+            notes.append(f"{key} {row.get(key, '').strip()} needs {compute} matrix units, "
+                         f"which {system.name} lacks: the checkpoint's scheme "
+                         f"({checkpoint.linear('moe.experts')[0]} experts, "
+                         f"{checkpoint.weight} linears) is modelled")
+            return "CHECKPOINT"
+        return action
 
-def _unlabelled_attention_dp(row: dict, tp: int) -> bool:
-    """True when a row's attention-DP field is empty while its client concurrency is
-    `batch_size x tp_size`: `batch_size` is per attention rank (concurrency = batch_size x
-    attention-dp everywhere else in the file), so the engine ran attention data-parallel
-    over its `tp_size` GPUs (TRT-LLM `enable_attention_dp` with tensor_parallel_size = tp,
-    MoE still split moe_tp x moe_ep = tp) and the database left the field unfilled."""
-    if tp < 2 or (row.get("attention_dp_size") or "").strip():
-        return False
-    per_rank = _num(row, "batch_size", required=False)
-    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source") or "")
-    return bool(m and per_rank and int(m.group(1)) != per_rank
-                and int(m.group(1)) == per_rank * tp)
+    gemm, moe = runnable(gemm, "gemm_quant_mode"), runnable(moe, "moe_quant_mode")
+    if gemm in (None, "CHECKPOINT"):
+        base = checkpoint
+    else:
+        labelled = precision_for_model(model, linear_action=gemm, kv_cache_dtype=kv)
+        # fp8 and fp8_block name one weight format at two scale granularities; an engine
+        # loads an fp8 checkpoint with the scales it has (none re-quantises it)
+        same = _weight_family(labelled.weight) == _weight_family(checkpoint.weight) and \
+            labelled.linear_activation == checkpoint.linear_activation
+        base = checkpoint if same else labelled
+        if not same and (model.quant_config or model.raw.get("quantization_config")):
+            notes.append(f"row's gemm_quant_mode {row['gemm_quant_mode'].strip()} modelled "
+                         f"instead of the checkpoint's {checkpoint.weight} weights")
+    if moe not in (None, "CHECKPOINT"):
+        pair = LINEAR_ACTIONS[moe]
+        act = base.activation
+        experts = (act, act) if pair is None else (pair[0], pair[1] or act)
+        if base.linear("moe.experts") != experts:
+            base = replace(base, linear_overrides=base.linear_overrides.replace(
+                **{"moe.experts": experts}))
+    return base, notes
 
 
 def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
-    if _unlabelled_attention_dp(row, tp):
-        tp, adp = 1, tp
     ep = _int(row, "moe_ep_size", 1) or 1
     moe_tp = _int(row, "moe_tp_size", 0)
     if tp < 1 or pp < 1:
@@ -187,14 +228,6 @@ def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
         raise RowError(f"inconsistent layout: moe_tp {moe_tp} x moe_ep {ep} != tp {tp} x "
                        f"attention-dp {adp}")
     return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep, moe_tp=moe_tp if ep > 1 else 0), adp
-
-
-def _concurrency(row: dict, per_rank: int) -> int:
-    src = row.get("silicon_data_source") or ""
-    m = re.search(r"silicon_concurrency=(\d+)", src)
-    if m:
-        return int(m.group(1))
-    return per_rank
 
 
 def row_config(row: dict, models: ModelResolver, rules: dict,
@@ -227,19 +260,13 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     isl, osl = _int(row, "isl"), _int(row, "osl")
     if isl < 1 or osl < 1:
         raise RowError("isl and osl must be >= 1")
-    precision = _precision(row, model, rules)
+    precision, quant_notes = _precision(row, model, system, rules)
+    notes.extend(quant_notes)
     harness = rules["harness"]
     mode = row["mode"].strip()
     if mode == "agg":
         plan, adp = _agg_layout(row, rules)
-        per_rank = _int(row, "batch_size")
-        conc = _concurrency(row, per_rank * adp)
-        if _unlabelled_attention_dp(row, _int(row, "tp_size")):
-            notes.append(f"attention-dp {adp} (attention TP 1) inferred: concurrency {conc} = "
-                         f"batch_size {per_rank} x tp_size {adp}, attention_dp_size empty")
-        if conc != per_rank * adp:
-            notes.append(f"concurrency {conc} from silicon_data_source (batch_size x "
-                         f"attention-dp = {per_rank * adp})")
+        conc = _int(row, "batch_size") * adp
         pool, decode_pool = Pool(plan), None
     elif mode == "disagg":
         pool, decode_pool, conc = _disagg_layout(row, rules)
@@ -256,15 +283,12 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         if pad is not None:
             step = int(budget_rule.get("round_to", 1))
             budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
-        for model_part, multiple in (budget_rule.get("isl_multiple_for_models") or {}).items():
-            if model_part in row["model_path"]:
-                budget = int(multiple) * isl
-                notes.append(f"token budget {budget} = {multiple} x isl (harness setting for "
-                             f"{model_part})")
+        recipe = (harness.get("model_recipes") or {}).get(row["model_path"].strip(), {})
+        multiple = (recipe.get(name) or {}).get("token_budget_isl_multiple")
+        if multiple:
+            budget = int(multiple) * isl
+            notes.append(f"token budget {budget} = {multiple} x isl ({recipe['source']})")
         sched_changes["token_budget"] = budget
-    in_flight = _client_in_flight(row, harness, conc, notes) if mode == "agg" else None
-    if in_flight is not None:
-        sched_changes["client_in_flight"] = in_flight
     backend = backend.with_scheduler(**sched_changes)
     if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
         sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
@@ -272,7 +296,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
                                                       capture_sizes=sizes))
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
-                      isl=isl, osl=osl, range_ratio=_range_ratio(row, harness, notes),
+                      isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
@@ -294,37 +318,6 @@ def ttft_in_completion_gaps(concurrency: int, osl: int, ttft_ms: float, tpot_ms:
     return ttft_ms * concurrency / (ttft_ms + (osl - 1) * tpot_ms)
 
 
-def _campaign_rule(row: dict, harness: dict, field: str) -> dict | None:
-    """The first `harness.by_source` rule that sets `field` and whose every `match`
-    substring occurs in the row's `silicon_data_source`."""
-    src = row.get("silicon_data_source") or ""
-    for rule in harness.get("by_source", []):
-        match = rule["match"] if isinstance(rule["match"], list) else [rule["match"]]
-        if field in rule and all(m in src for m in match):
-            return rule
-    return None
-
-
-def _range_ratio(row: dict, harness: dict, notes: list[str]) -> float:
-    rule = _campaign_rule(row, harness, "range_ratio")
-    if rule is not None:
-        notes.append(f"lengths per campaign rule {rule['match']}: ratio {rule['range_ratio']}")
-        return float(rule["range_ratio"])
-    return float(harness.get("range_ratio", 1.0))
-
-
-def _client_in_flight(row: dict, harness: dict, conc: int, notes: list[str]) -> int | None:
-    """The campaign client's cap on requests in flight, when it is below the client
-    concurrency: the other clients wait for a connection, and that wait is part of
-    their TTFT (the client starts its clock before it asks for a connection)."""
-    rule = _campaign_rule(row, harness, "max_in_flight")
-    if rule is None or int(rule["max_in_flight"]) >= conc:
-        return None
-    notes.append(f"client in flight capped at {rule['max_in_flight']} of {conc} per campaign "
-                 f"rule {rule['match']}")
-    return int(rule["max_in_flight"])
-
-
 def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
     def plan(prefix: str) -> tuple[ParallelPlan, int]:
         tp = _int(row, f"{prefix}_tp_size")
@@ -342,7 +335,7 @@ def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
         dbs = _int(row, "decode_batch_size")
     except RowError as exc:
         raise RowError(f"disagg row lacks worker counts or batch sizes ({exc})") from None
-    conc = _concurrency(row, dbs * dw * dplan.dp)
+    conc = dbs * dw * dplan.dp
     return Pool(pplan, pw), Pool(dplan, dw), conc
 
 
@@ -378,18 +371,19 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   overheads: dict | None = None, statistic: str = "mean",
-                  seed: int = 0) -> list[RowResult]:
+                  seed: int = 0, cache: StepModelCache | None = None) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
     `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
     `statistic`: which per-request aggregate is compared with the row (mean | p50).
-    `seed`: the simulated clients' seed (request lengths), to measure run-to-run spread."""
+    `seed`: the simulated clients' seed (request lengths), to measure run-to-run spread.
+    `cache`: costed step graphs to reuse across calls (e.g. the passes of a fit)."""
     if statistic not in ("mean", "p50"):
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
-    cache = StepModelCache()
+    cache = cache if cache is not None else StepModelCache()
     out: list[RowResult] = []
     for i, row in enumerate(rows):
         res = RowResult(

@@ -1,0 +1,88 @@
+"""The serving fit end to end: observation sets in, a calibration revision out.
+
+`fit_serving_revision` loads silicon rows from observation sets, linearises the
+simulator around data-free start values, runs every requested cross-validation scheme
+and fits the final parameters on all usable rows (`perfcast.calibrate.serving`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from perfcast.calibrate.revision import CalibrationRevision
+from perfcast.calibrate.serving import FitOptions, cross_validate, fit_part, linearise
+from perfcast.core.errors import ConfigError
+
+
+def code_version() -> str:
+    """perfcast's version plus the git commit of the source tree when there is one."""
+    import perfcast
+
+    version = perfcast.__version__
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(perfcast.__file__).parent, timeout=5)
+        if head.returncode == 0 and head.stdout.strip():
+            version += "+g" + head.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return version
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the relative paths and bytes of every file under `root`: the identity
+    of an evidence folder a fit read."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def rows_of(observation_sets: Sequence, *, mode: str | None = "agg") -> list[dict]:
+    rows: list[dict] = []
+    for obs in observation_sets:
+        if obs.kind != "serving":
+            raise ConfigError(f"observation set {obs.digest} holds {obs.kind} observations",
+                              field="--observations", expected="serving (silicon) observations")
+        rows.extend(r for r in obs.silicon_rows()
+                    if mode is None or (r.get("mode") or "").strip() == mode)
+    return rows
+
+
+def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | None,
+                         model_configs: Path | None, cv: Sequence[str] = ("model",),
+                         mode: str | None = "agg", options: FitOptions = FitOptions(),
+                         name: str = "serving", workers: int | None = None,
+                         progress: Callable[[str], None] | None = None
+                         ) -> tuple[CalibrationRevision, dict]:
+    """Fit, cross-validate and return (revision, details). `details` carries the
+    linearised data and the held-out predictions per CV scheme (for benchmarks)."""
+    rows = rows_of(observation_sets, mode=mode)
+    if not rows:
+        raise ConfigError("the observation sets hold no rows to fit", field="--observations",
+                          expected=f"silicon rows of mode {mode}")
+    data = linearise(rows, configs_dir=model_configs, evidence_root=evidence_root,
+                     workers=workers, progress=progress)
+    if progress:
+        progress(f"linearised in {data.seconds:.0f} s: {int(data.modelled.sum())} of "
+                 f"{len(rows)} rows modelled")
+    schemes = [cross_validate(data, g, configs_dir=model_configs, evidence_root=evidence_root,
+                              options=options, workers=workers, progress=progress) for g in cv]
+    fitted_on = {"observation_sets": [o.digest for o in observation_sets],
+                 "evidence": [tree_digest(evidence_root)] if evidence_root else [],
+                 "evidence_root": str(evidence_root) if evidence_root else "",
+                 "model_configs": [tree_digest(model_configs)] if model_configs else [],
+                 "systems": sorted({(r.get("system") or "").strip() for r in rows}),
+                 "mode": mode or "all"}
+    part, result = fit_part(data, fitted_on=fitted_on, cv=schemes, options=options)
+    rev = CalibrationRevision(name=name, code_version=code_version(), parts=(part,))
+    return rev, {"data": data, "schemes": schemes, "fit": result,
+                 "usable": data.modelled & np.isfinite(data.measured_ttft)}
