@@ -49,7 +49,9 @@ def test_gemm_efficiency_interpolation_is_exact_on_a_proportional_line():
     assert (v["m_lo"], v["m_hi"], v["n_lo"], v["n_hi"]) == (1024, 4096, 4096, 4096)
     assert est.components["distance_m"] == pytest.approx(1.0)  # one octave to 1024 and 4096
     assert set(est.raw_record_ids) == {"m1024", "m4096"}
-    assert 0 < est.confidence < 1
+    # three points leave one leave-one-out error: too few to size the uncertainty
+    assert est.uncertainty.kind == "unknown" and est.uncertainty.rel_std is None
+    assert "needs 5" in est.statistics["uncertainty_reason"] and est.confidence == 0.0
 
 
 def test_outside_the_range_needs_the_extrapolate_policy():
@@ -61,7 +63,10 @@ def test_outside_the_range_needs_the_extrapolate_policy():
     assert est.method is EstimateMethod.EXTRAPOLATED
     assert est.latency_s == pytest.approx(1e-8 * 32768, rel=1e-9)
     assert est.components["distance_m"] == pytest.approx(1.0)  # one octave past 16384
-    assert est.confidence < inside.confidence
+    assert inside.method is EstimateMethod.INTERPOLATED
+    # two leave-one-out extrapolations (the ends of a 3-point line): unknown, and why
+    assert est.uncertainty.rel_std is None and est.confidence == 0.0
+    assert "extrapolation errors along m" in est.statistics["uncertainty_reason"]
     far = interp(compute_bound_line(), policy="extrapolate").estimate(
         gemm_query(16384 * 8, 4096, 4096))
     assert isinstance(far, Miss) and "exceeds" in far.reason

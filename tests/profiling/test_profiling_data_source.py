@@ -161,7 +161,9 @@ def test_comm_alpha_beta_interpolation_in_range(ds):
     r = hit(ds.lookup(comm("tensor_cast.all_reduce.default", 4 * 2**20, 2)))
     assert r.source is QuerySource.INTERPOLATED
     assert r.latency_us == pytest.approx(42.0)
-    assert r.confidence < 0.9
+    # three rows leave one to hold out of the fit: too few to size the error
+    assert r.details["rel_std"] is None and r.confidence == 0.0
+    assert "needs 5" in r.details["uncertainty_reason"]
 
 
 def test_comm_out_of_range_misses(ds):

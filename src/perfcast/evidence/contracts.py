@@ -104,10 +104,16 @@ class CostQuery(Record):
 
 @dataclass(frozen=True)
 class Uncertainty(Record):
-    """Spread of an estimate. `rel_std` is a relative 1-sigma; bounds are absolute seconds."""
+    """Spread of an estimate. `rel_std` is a relative 1-sigma; bounds are absolute seconds.
 
-    kind: str = "none"          # none | samples | model | interpolation
-    rel_std: float = 0.0
+    `kind`: `none`; `samples` (repeat spread of a measured point); `model` (an analytic
+    model's stated spread); `loo` (measured: leave-one-out errors of the interpolation on
+    its own evidence, `sample_count` of them); `partial`; `unknown`: nothing measured to
+    size it, `rel_std` is None and the estimate's `statistics["uncertainty_reason"]`
+    says why. Readers must treat None as unknown, never as zero."""
+
+    kind: str = "none"          # none | samples | model | loo | partial | unknown
+    rel_std: float | None = 0.0
     low_s: float | None = None
     high_s: float | None = None
     sample_count: int = 0
@@ -127,7 +133,8 @@ class CostEstimate(Record):
     components: FrozenDict[str, float] = field(default_factory=FrozenDict)
     assumptions: tuple[str, ...] = ()
     bottleneck: str = ""        # compute | memory | comm | launch | measured
-    confidence: float = 1.0     # 0..1; measured exact = 1.0
+    confidence: float = 1.0     # 0..1; measured exact = 1.0; interpolated: exp(-rel_std)
+                                # of the measured error, 0.0 when that is unknown
     # Provider-specific debug facts shown in reports and traces (e.g. the profiling
     # path's source, kernel_type, shape_match_rule, kernel_shapes).
     statistics: FrozenDict[str, DimValue] = field(default_factory=FrozenDict)

@@ -16,9 +16,15 @@ query's roofline time by it. Collectives interpolate latency linearly in message
 per participant count: the two bracketing points fix a local alpha-beta line.
 
 Outside the measured range the answer is `extrapolated` (only with
-`policy="extrapolate"`, within `max_extrapolation`), with lower confidence. Every
-estimate reports its validity domain (the bracketing cell), the distance to the
-nearest measurement per axis, and the record ids used.
+`policy="extrapolate"`, within `max_extrapolation`). Every estimate reports its validity
+domain (the bracketing cell), the distance to the nearest measurement per axis, and the
+record ids used.
+
+Uncertainty is measured, not assumed: the first time a partition answers, every one of
+its points is predicted from the others with the same method along each axis
+(leave-one-out, `partition_residuals`), and an answer's `rel_std` is the 1-sigma of
+those errors at a comparable distance (`ResidualTable`); `confidence = exp(-rel_std)`.
+Too few points for leave-one-out give `Uncertainty(kind="unknown")` and the reason.
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ class InterpPartition:
     line_slices: dict[tuple, tuple[int, int]] = field(default_factory=dict)
     arrays: tuple = ()               # (point_x, point_y, point_raw, point_starts, rows, aligned)
     _made: dict[tuple, Line] = field(default_factory=dict)
+    residuals: PartitionResiduals | None = None  # leave-one-out tables (made on use)
 
     @property
     def specificity(self) -> int:
@@ -345,6 +352,263 @@ def _bracket(xs: list[float], t: float, extrapolate: bool
     return lo, hi, w, abs(t - xs[0 if i == 0 else n - 1]), True
 
 
+# -- measured uncertainty: leave-one-out residuals -------------------------------------
+LOO_MIN_SAMPLES = 5          # fewer leave-one-out errors than this: uncertainty unknown
+LOO_BIN_SAMPLES = 20         # at least this many errors in a distance bin
+LOO_MAX_BINS = 6
+LOO_BIN_RATIO = 1.25         # median distances of neighbouring bins differ this much
+ONE_SIGMA_QUANTILE = 0.6827  # share of a normal distribution within +-1 sigma
+LOO_METHOD = ("leave-one-out: each measured point of the partition predicted from the "
+              "others by this interpolation along each axis; rel_std = 68.27th percentile "
+              "of |ln(predicted/measured)| among held-out points at a comparable distance, "
+              "per off-grid axis, added in quadrature; confidence = exp(-rel_std)")
+
+
+def confidence_from_rel_std(rel_std: float | None) -> float:
+    """The one map from a measured 1-sigma relative error to a 0..1 confidence:
+    `exp(-rel_std)` (1.0 exact, ~0.9 at 10 %, 0.5 at 69 %). An unknown error gives 0.0:
+    nothing measured to trust the answer by."""
+    return 0.0 if rel_std is None else math.exp(-rel_std)
+
+
+@dataclass(frozen=True)
+class ResidualTable:
+    """Leave-one-out errors |ln(predicted / measured)| of one method on one group of
+    points, binned by the held-out point's normalised distance to the points that
+    predicted it. Bin i holds distances up to `edges[i]` (the last is open) and its
+    1-sigma is `sigma[i]`, the ONE_SIGMA_QUANTILE of its errors. Bins hold at least
+    LOO_BIN_SAMPLES errors; neighbouring bins are pooled when their median distances
+    are within LOO_BIN_RATIO, or when the 1-sigma falls with distance (error does not
+    shrink farther from the evidence). `count` errors in all; no `sigma` below LOO_MIN_SAMPLES."""
+
+    count: int
+    edges: tuple[float, ...] = ()
+    sigma: tuple[float, ...] = ()
+
+    @classmethod
+    def from_samples(cls, distance, log_error) -> ResidualTable:
+        d = np.asarray(distance, dtype=np.float64)
+        e = np.abs(np.asarray(log_error, dtype=np.float64))
+        ok = np.isfinite(d) & np.isfinite(e)
+        d, e = d[ok], e[ok]
+        n = len(e)
+        if n < LOO_MIN_SAMPLES:
+            return cls(n)
+        order = np.argsort(d, kind="stable")
+        d, e = d[order], e[order]
+        bins = max(1, min(LOO_MAX_BINS, n // LOO_BIN_SAMPLES))
+        bounds = [0]  # cut only where the distance changes, LOO_BIN_SAMPLES a bin
+        for v in np.unique(d[(np.arange(1, bins) * n) // bins - 1]).tolist():
+            c = int(np.searchsorted(d, v, side="right"))
+            if c - bounds[-1] >= LOO_BIN_SAMPLES and n - c >= LOO_BIN_SAMPLES:
+                bounds.append(c)
+        bounds.append(n)
+        i = 0
+        while i < len(bounds) - 2:  # pool bins of about the same (median) distance
+            if LOO_BIN_RATIO * d[(bounds[i] + bounds[i + 1]) // 2] \
+                    > d[(bounds[i + 1] + bounds[i + 2]) // 2]:
+                del bounds[i + 1]
+            else:
+                i += 1
+
+        def q(a: int, b: int) -> float:
+            return float(np.quantile(e[a:b], ONE_SIGMA_QUANTILE))
+
+        sigma = [q(a, b) for a, b in zip(bounds, bounds[1:])]
+        i = 0
+        while i < len(sigma) - 1:  # pool adjacent violators: non-decreasing with distance
+            if sigma[i] > sigma[i + 1]:
+                del bounds[i + 1]
+                sigma[i:i + 2] = [q(bounds[i], bounds[i + 1])]
+                i = max(i - 1, 0)
+            else:
+                i += 1
+        edges = [float(d[b - 1]) for b in bounds[1:-1]] + [math.inf]
+        return cls(n, tuple(edges), tuple(sigma))
+
+    @property
+    def known(self) -> bool:
+        return bool(self.sigma)
+
+    def sigma_at(self, distance: float) -> float:
+        """1-sigma at `distance`: the bin holding it (nearer than every sample: the
+        first bin; farther: the last)."""
+        return self.sigma[min(bisect_left(self.edges, distance), len(self.sigma) - 1)]
+
+
+@dataclass(frozen=True)
+class LooErrors:
+    """Leave-one-out errors along one axis of a partition (arrays of equal length)."""
+
+    axis: str
+    point: np.ndarray          # held-out point (index into the partition's point arrays)
+    log_error: np.ndarray      # ln(predicted latency / measured latency)
+    distance: np.ndarray       # normalised like the estimate's distance_<axis>
+    extrapolated: np.ndarray   # bool: predicted from two points on one side
+
+
+def _mixed(codes: list[np.ndarray], n: int) -> np.ndarray:
+    """One int64 code per row for a tuple of non-negative integer codes, order-preserving
+    (compacted to ranks before the mixed radix could overflow)."""
+    out = np.zeros(n, dtype=np.int64)
+    for k in codes:
+        radix = int(k.max()) + 1
+        if int(out.max()) * radix > 2 ** 40:
+            out = np.unique(out, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        out = out * radix + k
+    return out
+
+
+def _neighbours(t: np.ndarray, keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(previous, next) point along `t` among points equal on every key (-1: none).
+    `t` and keys are integer codes (exact comparison; see `PartitionResiduals`)."""
+    n = len(t)
+    prev = np.full(n, -1)
+    nxt = np.full(n, -1)
+    if not n:
+        return prev, nxt
+    group = _mixed(keys, n)
+    order = np.argsort(_mixed([group, t], n), kind="stable")
+    g = group[order]
+    same = g[1:] == g[:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    nxt[order[:-1][same]] = order[1:][same]
+    return prev, nxt
+
+
+def _loo_along(coords: np.ndarray, y: np.ndarray, j: int, axis: Axis, pairs,
+               log_target: bool, span: float, extrapolated: bool) -> LooErrors:
+    """Every point predicted without itself along axis j, the rest of its coordinates
+    equal (what the method does for a query off-grid on that axis only). `pairs` is
+    (prev, next, class prev, class next) along the axis (-1: none). Interpolation:
+    between its two neighbours (within its alignment class first, as the method does);
+    extrapolation: as if the range ended next to the point, from the two nearest on one
+    side (what the method does past an end), on both sides of every point."""
+    t = coords[:, j]
+    prev, nxt, cp, cn = pairs
+    if not extrapolated:
+        lo, hi = prev, nxt
+        if cp is not None:
+            own = (cp >= 0) & (cn >= 0)
+            lo, hi = np.where(own, cp, lo), np.where(own, cn, hi)
+        inner = (lo >= 0) & (hi >= 0)
+        i, a, b = np.nonzero(inner)[0], lo[inner], hi[inner]
+        gap = np.minimum(t[i] - t[a], t[b] - t[i])
+    else:
+        nxt2 = np.where(nxt >= 0, nxt[np.maximum(nxt, 0)], -1)
+        prev2 = np.where(prev >= 0, prev[np.maximum(prev, 0)], -1)
+        first, last = nxt2 >= 0, prev2 >= 0
+        i = np.concatenate([np.nonzero(first)[0], np.nonzero(last)[0]])
+        a = np.concatenate([nxt[first], prev2[last]])
+        b = np.concatenate([nxt2[first], prev[last]])
+        gap = np.minimum(np.abs(t[i] - t[a]), np.abs(t[i] - t[b]))
+    w = (t[i] - t[a]) / (t[b] - t[a])
+    y_hat = (1.0 - w) * y[a] + w * y[b]
+    if axis.transform == "log":
+        dist = gap / math.log(2.0)
+    elif j == 0:  # the line axis: fraction of the bracketing cell (as `_distance`)
+        dist = gap / (t[b] - t[a])
+    else:
+        dist = gap / span if span > 0 else np.zeros_like(gap)
+    if log_target:
+        err = y_hat - y[i]
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            err = np.log(y_hat / y[i])  # a non-positive prediction is a miss: dropped
+    ok = np.isfinite(err)
+    return LooErrors(axis.name, i[ok], err[ok], dist[ok], np.full(int(ok.sum()), extrapolated))
+
+
+class PartitionResiduals:
+    """Leave-one-out residual tables of one partition, per axis and kind (interpolation
+    or extrapolation), each computed the first time an answer needs it."""
+
+    def __init__(self, part: InterpPartition) -> None:
+        self.part = part
+        self._coords: tuple[np.ndarray, np.ndarray] | None = None
+        self._pairs: dict[int, tuple] = {}
+        self._errors: dict[tuple[str, bool], LooErrors] = {}
+        self._tables: dict[tuple[str, bool], ResidualTable] = {}
+
+    def _grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(transformed coordinates, integer code per value) of every point, per axis."""
+        if self._coords is None:
+            part = self.part
+            axes = part.spec.axes
+            px = part.arrays[0]
+            coords = np.empty((len(px), len(axes)))
+            coords[:, 0] = px
+            for key, (a, b) in part.line_slices.items():
+                for j, (axis, v) in enumerate(zip(axes[1:], key), 1):
+                    coords[a:b, j] = _FWD1[axis.transform](v)
+            codes = np.stack([np.unique(coords[:, j], return_inverse=True)[1].reshape(-1)
+                              for j in range(len(axes))], axis=1).astype(np.int64)
+            self._coords = coords, codes
+        return self._coords
+
+    def _neighbour_pairs(self, j: int) -> tuple:
+        found = self._pairs.get(j)
+        if found is None:
+            codes = self._grid()[1]
+            keys = [codes[:, c] for c in range(codes.shape[1]) if c != j]
+            prev, nxt = _neighbours(codes[:, j], keys)
+            aligned = self.part.arrays[5] if j == 0 else None
+            cp = cn = None
+            if aligned is not None:  # the line axis's alignment classes
+                cp, cn = _neighbours(codes[:, j], [*keys, aligned.astype(np.int64)])
+            found = self._pairs[j] = (prev, nxt, cp, cn)
+        return found
+
+    def errors(self, axis: str, extrapolated: bool) -> LooErrors:
+        key = (axis, extrapolated)
+        found = self._errors.get(key)
+        if found is None:
+            part = self.part
+            spec = part.spec
+            j = [a.name for a in spec.axes].index(axis)
+            coords = self._grid()[0]
+            span = float(coords[:, j].max() - coords[:, j].min()) if len(coords) else 0.0
+            e = _loo_along(coords, part.arrays[1], j, spec.axes[j], self._neighbour_pairs(j),
+                           spec.target_transform == "log", span, extrapolated)
+            if part.use_efficiency:  # latency error = -(efficiency error)
+                e = LooErrors(e.axis, e.point, -e.log_error, e.distance, e.extrapolated)
+            found = self._errors[key] = e
+        return found
+
+    def table(self, axis: str, extrapolated: bool) -> ResidualTable:
+        key = (axis, extrapolated)
+        found = self._tables.get(key)
+        if found is None:
+            e = self.errors(axis, extrapolated)
+            found = self._tables[key] = ResidualTable.from_samples(e.distance, e.log_error)
+        return found
+
+
+def leave_one_out(part: InterpPartition) -> list[LooErrors]:
+    """Leave-one-out errors of the partition's interpolation along each of its axes
+    (interpolated, then extrapolated samples). Efficiency targets share the held-out
+    point's roofline, so the error of the interpolated efficiency is (minus) the error
+    of the latency."""
+    res = partition_residuals(part)
+    out = []
+    for a in part.spec.axes:
+        e0, e1 = res.errors(a.name, False), res.errors(a.name, True)
+        out.append(LooErrors(a.name, *(np.concatenate([getattr(e0, f), getattr(e1, f)])
+                                       for f in ("point", "log_error", "distance",
+                                                 "extrapolated"))))
+    return out
+
+
+def partition_residuals(part: InterpPartition) -> PartitionResiduals:
+    """The partition's (lazily computed, cached) leave-one-out residual tables."""
+    if part.residuals is None:
+        part.residuals = PartitionResiduals(part)
+    return part.residuals
+
+
+_RESIDUALS: dict[tuple, PartitionResiduals] = {}  # digest key -> residuals (bounded)
+
+
 class InterpolatingProvider:
     """Interpolates (and, by policy, extrapolates) a database's measurements."""
 
@@ -390,10 +654,12 @@ class InterpolatingProvider:
             else:
                 axes = [a.name for a in self.specs[core[1]].axes]
                 need = db.catalog.fixed_keys(core, axes) or set()
+            rc = row_codes(sub) if sub.table.num_rows else None
             view = self._views[key] = _InterpView(
                 parts=parts, fixed_keys=tuple(sorted({k for p in parts for k in p.fixed})),
                 need=need, record_ids=sub.record_ids(),
-                groups=row_codes(sub).groups if sub.table.num_rows else [])
+                groups=rc.groups if rc is not None else [],
+                latency_s=rc.latency_s if rc is not None else np.zeros(0))
         return view
 
     def supports(self, query: CostQuery) -> bool | Miss:
@@ -456,13 +722,14 @@ class InterpolatingProvider:
 
     def predict(self, part: InterpPartition, facts: dict, exclude_row: int | None = None,
                 policy: str | None = None):
-        """(latency_s, distances, extrapolated, record rows, cell) or a Miss."""
+        """(latency_s, distances, extrapolated axes (a frozenset, empty when
+        interpolated), record rows, cell) or a Miss."""
         spec = part.spec
         extrap = (policy or self.policy) == "extrapolate"
         brackets = []
         distances: dict[str, float] = {}
         cell: dict[str, float] = {}
-        any_extra = False
+        extra_axes: set[str] = set()
         for axis, values, tv in zip(spec.axes[1:], part.other_list, part.other_t):
             t = _FWD1[axis.transform](facts[axis.name])
             b = _bracket(tv, t, extrap)
@@ -470,7 +737,8 @@ class InterpolatingProvider:
                 return Miss(f"{axis.name}={facts[axis.name]} outside measured "
                             f"{values[0]:g}..{values[-1]:g}")
             lo, hi, w, d, ex = b
-            any_extra |= ex
+            if ex:
+                extra_axes.add(axis.name)
             distances[axis.name] = self._distance(axis, d, tv)
             cell[axis.name + "_lo"], cell[axis.name + "_hi"] = values[lo], values[hi]
             brackets.append([(values[lo], 1.0 - w)] + ([(values[hi], w)] if hi != lo else []))
@@ -505,7 +773,8 @@ class InterpolatingProvider:
             lo, hi, w, d, ex = b
             if pts is not None:
                 lo, hi = pts[lo], pts[hi]
-            any_extra |= ex
+            if ex:
+                extra_axes.add(line_axis.name)
             d0 = max(d0, d)
             xl, yl, rl = line.lists()
             y += weight * ((1.0 - w) * yl[lo] + w * yl[hi])
@@ -519,6 +788,7 @@ class InterpolatingProvider:
         distances[line_axis.name] = self._distance(line_axis, d0, [lo_x, hi_x])
         cell[line_axis.name + "_lo"] = lo_raw
         cell[line_axis.name + "_hi"] = hi_raw
+        any_extra = bool(extra_axes)
         if any_extra and max(distances.values()) > self.max_extrapolation:
             return Miss(f"extrapolation distance {max(distances.values()):.2f} exceeds "
                         f"{self.max_extrapolation}")
@@ -532,7 +802,7 @@ class InterpolatingProvider:
         if not math.isfinite(latency) or latency <= 0:
             return Miss(f"{'extrapolation' if any_extra else 'interpolation'} gives a "
                         f"non-positive latency ({latency:g})")
-        return latency, distances, any_extra, sorted(set(used)), cell
+        return latency, distances, frozenset(extra_axes), sorted(set(used)), cell
 
     @staticmethod
     def _distance(axis: Axis, d: float, tv) -> float:
@@ -556,14 +826,12 @@ class InterpolatingProvider:
         if isinstance(result, Miss):
             return result
         latency, distances, extrapolated, rows, cell = result
-        total = sum(distances.values())
         if extrapolated:
             method, kind = EstimateMethod.EXTRAPOLATED, MatchKind.EXTRAPOLATED
-            confidence, rel_std = max(0.05, 0.5 * math.exp(-total)), 0.15 + 0.25 * total
         else:
             method, kind = EstimateMethod.INTERPOLATED, MatchKind.INTERPOLATED
-            confidence, rel_std = min(0.9, max(0.3, 0.9 * math.exp(-0.5 * total))), \
-                0.05 + 0.1 * total
+        uncertainty, stats = self._uncertainty(part, view, latency, distances,
+                                               extrapolated, rows)
         static = self._static(part)
         validity = dict(static["validity"])
         validity.update(cell)
@@ -576,11 +844,81 @@ class InterpolatingProvider:
             latency_s=latency, method=method, match_kind=kind, provider=self.name,
             provider_revision=self.revision, source_revision=view.groups[part.group][1],
             raw_record_ids=_ids(view.record_ids, rows),
-            validity=FrozenDict(validity),
-            uncertainty=Uncertainty(kind="interpolation", rel_std=rel_std,
-                                    sample_count=len(rows)),
+            validity=FrozenDict(validity), uncertainty=uncertainty,
             components=FrozenDict(components), assumptions=tuple(assumptions),
-            bottleneck="measured", confidence=confidence)
+            bottleneck="measured", confidence=confidence_from_rel_std(uncertainty.rel_std),
+            statistics=stats)
+
+    def residuals(self, part: InterpPartition, view: _InterpView | None = None
+                  ) -> PartitionResiduals:
+        """The partition's leave-one-out residual tables, computed the first time it
+        answers and kept by the digests of the evidence behind it (a second provider
+        over the same database does not pay again)."""
+        if part.residuals is None:
+            group = view.groups[part.group] if view is not None else part.group
+            key = (self.database.digest, self.system.digest if self.system else "",
+                   repr(part.spec), part.core, group,
+                   tuple(sorted((k, repr(v)) for k, v in part.fixed.items())))
+            found = _RESIDUALS.get(key)
+            if found is None:
+                found = partition_residuals(part)
+                if len(_RESIDUALS) >= 4096:
+                    _RESIDUALS.clear()
+                _RESIDUALS[key] = found
+            part.residuals = found
+        return part.residuals
+
+    def _uncertainty(self, part, view, latency, distances, extrapolated, rows
+                     ) -> tuple[Uncertainty, FrozenDict]:
+        if not any(distances.values()):  # the query is a measured point: its repeats
+            samples = np.sort(view.latency_s[rows])
+            median = float(np.median(samples))
+            rel = float(samples.std() / median) if len(samples) > 1 else 0.0
+            return (Uncertainty(kind="samples", rel_std=rel, low_s=float(samples[0]),
+                                high_s=float(samples[-1]), sample_count=len(samples)),
+                    _REPEATS_STATS)
+        tables = self.residuals(part, view)
+        key = []
+        for axis, d in distances.items():
+            if d > 0:
+                table = tables.table(axis, axis in extrapolated)
+                key.append((axis, axis in extrapolated,
+                            min(bisect_left(table.edges, d), len(table.sigma) - 1)
+                            if table.sigma else -1))
+        cache = part.__dict__.setdefault("_unc_cache", {})
+        found = cache.get(tuple(key))
+        if found is None:
+            found = cache[tuple(key)] = self._combine(part, tables, key)
+        rel, count, stats = found
+        if rel is None:
+            return Uncertainty(kind="unknown", rel_std=None, sample_count=count), stats
+        return (Uncertainty(kind="loo", rel_std=rel, low_s=latency * math.exp(-rel),
+                            high_s=latency * math.exp(rel), sample_count=count), stats)
+
+    @staticmethod
+    def _combine(part, tables, key) -> tuple[float | None, int, FrozenDict]:
+        """(rel_std or None, leave-one-out sample count, statistics) of the off-grid
+        axes in `key` [(axis, extrapolated, distance bin)]: 1-sigmas add in quadrature."""
+        var, count = 0.0, 0
+        stats: dict = {"uncertainty_method": LOO_METHOD}
+        for axis, extra, b in key:
+            table = tables.table(axis, extra)
+            if b < 0:
+                what = "extrapolation" if extra else "interpolation"
+                stats["uncertainty_reason"] = (
+                    f"{table.count} leave-one-out {what} errors along {axis} in this "
+                    f"partition ({len(part.arrays[0])} points); needs {LOO_MIN_SAMPLES}")
+                stats["loo_samples"] = table.count
+                return None, table.count, FrozenDict(stats)
+            sigma = table.sigma[b]
+            stats["loo_sigma_" + axis] = sigma
+            var += sigma * sigma
+            count += table.count
+        stats["loo_samples"] = count
+        return math.sqrt(var), count, FrozenDict(stats)
+
+
+_REPEATS_STATS = FrozenDict({"uncertainty_method": "repeat spread of the measured point"})
 
 
 @dataclass
@@ -590,6 +928,7 @@ class _InterpView:
     need: set[str]                         # fixed keys of the core's partitions
     record_ids: object                     # record_id column of the view's rows
     groups: list[tuple[str, ...]]          # provenance group id -> tuple
+    latency_s: np.ndarray                  # latency of the view's rows
     selected: dict = field(default_factory=dict)  # select() cache
 
 

@@ -69,11 +69,24 @@ def result_statistics(result: QueryResult) -> dict:
         stats["zero_cost"] = True
     for key in ("topology_tier", "message_bytes", "num_devices", "avg_seq_len",
                 "csv_avg_seq_len", "sparse_mode", "num_kv_heads", "ep_size", "dtype_scale",
-                "interpolation_axis", "note"):
+                "interpolation_axis", "note", "rel_std", "loo_samples", "uncertainty_method",
+                "uncertainty_reason"):
         value = result.details.get(key)
         if isinstance(value, (int, float, str, bool)) and value != "":
             stats[key] = value
     return stats
+
+
+def result_uncertainty(result: QueryResult) -> Uncertainty:
+    """The `Uncertainty` of a full hit from the query path's measured figures
+    (`residuals`: `rel_std` None means unknown; `loo_samples` held-out rows)."""
+    d = result.details
+    if "rel_std" not in d:  # a path that sized nothing: say so, never invent a spread
+        return Uncertainty(kind="unknown", rel_std=None)
+    rel = d["rel_std"]
+    return Uncertainty(kind=str(d.get("uncertainty_kind", "loo")),
+                       rel_std=None if rel is None else float(rel),
+                       sample_count=int(d.get("loo_samples", 0) or 0))
 
 
 class EmpiricalPerformanceModel:
@@ -131,13 +144,13 @@ class EmpiricalPerformanceModel:
             missed = ",".join(outcome.details.get("missed_kernels", ()))
             assumptions = (f"partial composite: sub-kernels {missed} had no measurement and "
                            "are not included",)
-            unc = Uncertainty(kind="partial")
-        elif outcome.source is QuerySource.INTERPOLATED:
-            method, match = EstimateMethod.INTERPOLATED, MatchKind.INTERPOLATED
-            unc = Uncertainty(kind="interpolation", rel_std=1 - outcome.confidence)
+            unc = Uncertainty(kind="partial", rel_std=None)
         else:
-            method, match = EstimateMethod.MEASURED, MatchKind.EXACT
-            unc = Uncertainty()
+            if outcome.source is QuerySource.INTERPOLATED:
+                method, match = EstimateMethod.INTERPOLATED, MatchKind.INTERPOLATED
+            else:
+                method, match = EstimateMethod.MEASURED, MatchKind.EXACT
+            unc = result_uncertainty(outcome)
         return CostEstimate(latency_s=outcome.latency_us * 1e-6, method=method,
                             match_kind=match, uncertainty=unc, assumptions=assumptions,
                             bottleneck="measured", **common)

@@ -12,7 +12,9 @@
 | communication, MoE |                                                        |
 
 Both a lower and an upper measured point are required: it never extrapolates.
-Answers are `source=INTERPOLATED` with lower confidence than exact hits.
+Answers are `source=INTERPOLATED`; their `rel_std` and confidence are measured by
+leave-one-out on the same bracketing rows (`residuals.line_details`), or unknown with a
+reason when the line has too few rows.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from perfcast.evidence.profiling.query_paths.attention import (
 from perfcast.evidence.profiling.query_paths.common import Candidate, shapes_of, tc_inputs
 from perfcast.evidence.profiling.query_paths.composite import lookup_decomposed, query_sub_kernel
 from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
+from perfcast.evidence.profiling.residuals import confidence_of, line_details
 from perfcast.evidence.profiling.shape_rules import match_inputs, strip_batch_dim
 
-INTERPOLATED_CONFIDENCE = 0.7
 TRANSFORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt_seq": math.sqrt}
 
 Shape = tuple[int, ...]
@@ -69,15 +71,18 @@ def bracket(points: Sequence[Point], x: float, transform: Callable[[float], floa
     return value, lo, hi
 
 
-def _candidate(kernel_type: str, axis: str, x: float, found, transform: str = "linear"
-               ) -> Candidate:
+def _candidate(kernel_type: str, axis: str, x: float, found, points: Sequence[Point],
+               transform: str = "linear") -> Candidate:
     value, lo, hi = found
     ids = [lo[2].record_id(lo[3])] + ([hi[2].record_id(hi[3])] if hi[3] is not lo[3] else [])
+    key = (lo[2].sha256, kernel_type, axis, tuple(p[3].index for p in points))
+    unc = line_details(key, [p[0] for p in points], [p[1] for p in points], x, lo[0], hi[0],
+                       axis, transform, TRANSFORMS[transform])
     return Candidate(value, kernel_type, lo[2], lo[3], rule=f"interpolated:{axis}",
-                     confidence=INTERPOLATED_CONFIDENCE,
+                     confidence=confidence_of(unc),
                      details={"interpolated": True, "interpolation_axis": axis,
                               "interpolation_x": x, "bracket": [lo[0], hi[0]],
-                              "transform": transform, "record_ids": ids})
+                              "transform": transform, "record_ids": ids, **unc})
 
 
 class InterpolatingDataSource(DataSourcePerformanceModel):
@@ -113,7 +118,8 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
                         break
             found = bracket(points, float(target), TRANSFORMS[self.transform_for(kt)])
             if found is not None:
-                return _candidate(kt, "dim0", float(target), found, self.transform_for(kt))
+                return _candidate(kt, "dim0", float(target), found, points,
+                                  self.transform_for(kt))
         return None
 
     def attention_candidate(self, kernel_types: Sequence[str], p: AttentionParams
@@ -135,7 +141,7 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
             t = self.transform_for(kt, "linear")
             found = bracket(points, float(p.avg_seq_len), TRANSFORMS[t])
             if found is not None:
-                return _candidate(kt, "avg_seq_len", float(p.avg_seq_len), found, t)
+                return _candidate(kt, "avg_seq_len", float(p.avg_seq_len), found, points, t)
         return None
 
     def elementwise_candidate(self, kernel_type: str, out_shape: Shape, dtype: str
@@ -159,7 +165,9 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
                 continue
             points.append((float(csv[0]), row.latency_us * scale, table, row))
         found = bracket(points, float(out_shape[0]))
-        return _candidate(kernel_type, "output_dim0", float(out_shape[0]), found) if found else None
+        if found is None:
+            return None
+        return _candidate(kernel_type, "output_dim0", float(out_shape[0]), found, points)
 
     def sub_kernel(self, spec) -> Candidate | LookupMiss:
         exact = query_sub_kernel(self.base, spec)

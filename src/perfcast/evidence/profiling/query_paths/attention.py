@@ -6,10 +6,13 @@ runtime columns (`Runtime sparse_mode`, `Runtime num_key_value_heads`,
 `Runtime input_layout`) filter when the query can supply the value; `avg_seq_len` is
 matched to the nearest row within +-16 (rows with a negative value are skipped); T
 matches exactly or up to block padding. The nearest row over all kernel types wins.
+A row at a different `avg_seq_len` carries as `rel_std` the latency change the two
+nearest measured rows show over that gap (unknown when there is no second row).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +29,11 @@ from perfcast.evidence.profiling.query_paths.common import (
     Candidate,
     LookupContext,
     find_candidate,
+)
+from perfcast.evidence.profiling.residuals import (
+    confidence_of,
+    measured_details,
+    unknown_details,
 )
 from perfcast.evidence.profiling.shape_rules import is_block_padded
 
@@ -106,7 +114,35 @@ def attention_row(table, row, p: AttentionParams,
         return None
     return Candidate(row.latency_us, table.kernel_type, table, row,
                      rule="attention" if q3[0] == t else "attention+padding",
-                     confidence=0.9, distance=gap, details={"csv_avg_seq_len": int(csv_avg)})
+                     distance=gap, details={"csv_avg_seq_len": int(csv_avg)})
+
+
+def gap_details(table, found: Candidate, p: AttentionParams) -> dict:
+    """Uncertainty of answering avg_seq_len with the nearest row: the relative latency
+    change over the gap, at the slope of the found row and its nearest other row of the
+    same shape (a measured gradient; no held-out rows exist at such small gaps)."""
+    gap = found.distance
+    if gap == 0:
+        return measured_details()
+    col = next(c for c in AVG_SEQ_COLUMNS if table.has(c))
+    x0 = found.row.number(col)
+    best = None
+    for row in table.rows:
+        s = row.number(col)
+        if row is found.row or s is None or s == x0 or row.latency_us <= 0:
+            continue
+        if attention_row(table, row, p, tolerance=float("inf")) is None:
+            continue
+        if best is None or abs(s - x0) < abs(best[0] - x0):
+            best = (s, row.latency_us)
+    if best is None or found.latency_us <= 0:
+        return unknown_details(f"avg_seq_len {p.avg_seq_len} answered by the row at "
+                               f"{int(x0)}: no second row of this shape to measure how "
+                               "latency changes over the gap")
+    slope = abs(math.log(best[1] / found.latency_us)) / abs(best[0] - x0)
+    return {"rel_std": slope * gap, "uncertainty_kind": "slope", "loo_samples": 2,
+            "uncertainty_method": f"latency change over the gap of {gap:g} at the slope "
+                                  f"between rows avg_seq_len={int(x0)} and {int(best[0])}"}
 
 
 def query_attention(ctx: LookupContext, kernel_types: Sequence[str], p: AttentionParams
@@ -128,10 +164,12 @@ def lookup_attention(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapp
         detail = (f"q={p.q_shape_3d} avg_seq_len={p.avg_seq_len} kv_heads={p.num_kv_heads} "
                   f"dtype={p.dtype}")
         return LookupMiss(found.reason, detail, ShapeMatchInfo(sim, (), found.reason))
+    unc = gap_details(found.table, found, p)
     return QueryResult(
-        latency_us=found.latency_us, confidence=found.confidence, source=QuerySource.MEASURED,
+        latency_us=found.latency_us, confidence=confidence_of(unc),
+        source=QuerySource.MEASURED,
         details={"kernel_type": found.kernel_type, "avg_seq_len": p.avg_seq_len,
                  "csv_avg_seq_len": found.details["csv_avg_seq_len"],
                  "sparse_mode": p.sparse_mode, "num_kv_heads": p.num_kv_heads,
-                 "record_ids": [found.record_id]},
+                 "record_ids": [found.record_id], **unc},
         shape_match_info=ShapeMatchInfo(sim, (found.row.input_shapes[0],), found.rule))

@@ -4,7 +4,9 @@ when the CSV has the column and the device declares a rank grid, `topology_tier`
 An exact row is MEASURED. Otherwise, when measured sizes bracket the query (same
 device count and tier), an alpha-beta line (latency = a + b * bytes) fitted by least
 squares to every row of that group gives the latency, clamped to the bracketing rows:
-INTERPOLATED. Outside the measured range it misses; it never extrapolates.
+INTERPOLATED, its `rel_std` measured by holding each interior row out of the fit
+(`residuals.alpha_beta_details`). Outside the measured range it misses; it never
+extrapolates.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from perfcast.evidence.profiling.data_source import (
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.profiling.op_mapping import OperatorMapping
 from perfcast.evidence.profiling.query_paths.common import LookupContext
+from perfcast.evidence.profiling.residuals import (
+    alpha_beta_details,
+    confidence_of,
+    measured_details,
+)
 
 REQUIRED_COLUMNS = ("message_bytes", "num_devices")
 
@@ -39,8 +46,8 @@ def hccl_message_bytes(op: OpInvokeInfo) -> int:
 
 def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
                    num_devices: int, topology_tier: int | None
-                   ) -> tuple[float, bool, list[str]] | LookupMiss:
-    """(latency_us, interpolated, record ids) or a miss."""
+                   ) -> tuple[float, bool, list[str], dict] | LookupMiss:
+    """(latency_us, interpolated, record ids, uncertainty details) or a miss."""
     table = ctx.tables.get(kernel_type, communication=True)
     if table is None:
         return LookupMiss("csv_not_found", f"no CSV for {kernel_type}")
@@ -54,7 +61,7 @@ def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
              and r.number("message_bytes") is not None]
     for r in group:
         if r.number("message_bytes") == message_bytes:
-            return r.latency_us, False, [table.record_id(r)]
+            return r.latency_us, False, [table.record_id(r)], measured_details()
     where = f"num_devices={num_devices}" + (f", topology_tier={topology_tier}" if use_tier else "")
     if not group:
         return LookupMiss("shape_mismatch", f"{kernel_type}: no rows for {where}")
@@ -71,7 +78,9 @@ def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
     value = float(a + b * message_bytes)
     value = min(max(value, min(lat_lo, lat_hi)), max(lat_lo, lat_hi))
     ids = [table.record_id(r) for r in group if r.number("message_bytes") in (lo, hi)]
-    return value, True, ids
+    key = (table.sha256, kernel_type, num_devices, topology_tier if use_tier else None)
+    unc = alpha_beta_details(key, sizes, lats, float(message_bytes), float(lo), float(hi))
+    return value, True, ids, unc
 
 
 def lookup_communication(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
@@ -89,11 +98,11 @@ def lookup_communication(ctx: LookupContext, op: OpInvokeInfo, mapping: Operator
     if isinstance(found, LookupMiss):
         return LookupMiss(found.reason, found.detail,
                           ShapeMatchInfo(((message_bytes,),), (), found.reason))
-    latency, interpolated, ids = found
+    latency, interpolated, ids, unc = found
     return QueryResult(
-        latency_us=latency, confidence=0.8 if interpolated else 0.9,
+        latency_us=latency, confidence=confidence_of(unc),
         source=QuerySource.INTERPOLATED if interpolated else QuerySource.MEASURED,
         details={"kernel_type": kt, "topology_tier": tier, "message_bytes": message_bytes,
                  "num_devices": num_devices, "record_ids": ids,
-                 "interpolation": "alpha_beta" if interpolated else ""},
+                 "interpolation": "alpha_beta" if interpolated else "", **unc},
         shape_match_info=ShapeMatchInfo(((message_bytes,),), ((message_bytes,),), "comm"))

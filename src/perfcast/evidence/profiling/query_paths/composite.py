@@ -6,6 +6,9 @@
 * Decomposed (a registered decomposer): every sub-kernel is queried; all hit -> MEASURED,
   some hit -> PARTIAL (latency of the hits, counted as a miss in metrics), none ->
   `sub_kernel_miss:<kernels>`.
+
+A composite's `rel_std` adds its sub-kernels' measured 1-sigmas in quadrature
+(`residuals.combine`); one unknown sub-kernel makes it unknown.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from perfcast.evidence.profiling.data_source import (
 )
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.profiling.op_mapping import COMM_PREFIX, OperatorMapping
-from perfcast.evidence.profiling.query_paths.attention import query_attention
+from perfcast.evidence.profiling.query_paths.attention import gap_details, query_attention
 from perfcast.evidence.profiling.query_paths.common import (
     Candidate,
     LookupContext,
@@ -31,6 +34,12 @@ from perfcast.evidence.profiling.query_paths.common import (
 )
 from perfcast.evidence.profiling.query_paths.communication import query_comm_csv
 from perfcast.evidence.profiling.query_paths.compute import find_compute_match
+from perfcast.evidence.profiling.residuals import (
+    UNCERTAINTY_KEYS,
+    combine,
+    confidence_of,
+    measured_details,
+)
 
 # MC2 with quantised inputs accumulates and reduces in bf16
 QUANT_DTYPES_REDUCED_IN_BF16 = frozenset({"int8", "fp8", "int4", "mxfp4", "nvfp4", "fp4"})
@@ -60,6 +69,7 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
     durations = [(hit.kernel_type, round(hit.latency_us, 3))]
     subs = [SubKernelShapeInfo(hit.kernel_type, sim, tuple(hit.row.input_shapes), hit.rule)]
     ids = [hit.record_id]
+    parts = [(hit.latency_us, measured_details())]
     comm = [k for k in mapping.sub_kernels if k.startswith(COMM_PREFIX)]
     for kt in comm:
         n = int(op.dim("participants", 0) or 0)
@@ -70,16 +80,19 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
         if isinstance(found, LookupMiss):
             return LookupMiss("comm_sub_kernel_miss", f"{kt}: {found}",
                               ShapeMatchInfo(sim, (), "comm_sub_kernel_miss"))
-        latency, _interp, comm_ids = found
+        latency, _interp, comm_ids, comm_unc = found
+        parts.append((latency, comm_unc))
         total += latency
         durations.append((kt, round(latency, 3)))
         subs.append(SubKernelShapeInfo(kt, ((mb,),), ((mb,),), "comm"))
         ids.extend(comm_ids)
+    unc = combine(parts)
     return QueryResult(
-        latency_us=total, confidence=0.9 if comm else 0.8, source=QuerySource.MEASURED,
+        latency_us=total, confidence=confidence_of(unc), source=QuerySource.MEASURED,
         details={"kernel_type": hit.kernel_type, "sub_kernel_durations": durations,
                  "composite": True, "record_ids": ids,
-                 "note": "compute + comm sub-kernels" if comm else "compute sub-kernel only"},
+                 "note": "compute + comm sub-kernels" if comm else "compute sub-kernel only",
+                 **unc},
         sub_kernel_shapes=tuple(subs))
 
 
@@ -94,6 +107,15 @@ def query_sub_kernel(ctx: LookupContext, spec) -> Candidate | LookupMiss:
     return find_compute_match(ctx, spec.kernel_types, inputs, count)
 
 
+def _sub_uncertainty(found: Candidate, spec) -> dict:
+    """A sub-kernel answer's uncertainty details (interpolated ones carry their own)."""
+    if "rel_std" in found.details:
+        return {k: found.details[k] for k in UNCERTAINTY_KEYS if k in found.details}
+    if spec.attention is not None:
+        return gap_details(found.table, found, spec.attention)
+    return measured_details()
+
+
 def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping,
                       decomposer, sub_query: Callable | None = None
                       ) -> QueryResult | LookupMiss:
@@ -103,7 +125,7 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
     if not specs:
         return LookupMiss("decompose_failed", f"{mapping.name}: work axes do not describe it")
     query = sub_query or (lambda spec: query_sub_kernel(ctx, spec))
-    total, hits, missed, durations, subs, ids = 0.0, [], [], [], [], []
+    total, hits, missed, durations, subs, ids, parts = 0.0, [], [], [], [], [], []
     interpolated = False
     for spec in specs:
         found = query(spec)
@@ -118,6 +140,7 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
                                        (found.row.input_shapes[0],) if spec.attention
                                        else tuple(found.row.input_shapes), found.rule))
         ids.append(found.record_id)
+        parts.append((found.latency_us, _sub_uncertainty(found, spec)))
     if missed and not hits:
         return LookupMiss("sub_kernel_miss:" + ",".join(missed), f"{mapping.name}")
     if missed:
@@ -127,9 +150,11 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
                      "missed_kernels": missed, "sub_kernel_durations": durations,
                      "composite": True, "partial": True, "record_ids": ids},
             sub_kernel_shapes=tuple(subs))
+    unc = combine(parts)
     return QueryResult(
-        latency_us=total, confidence=0.7 if interpolated else 0.8,
+        latency_us=total, confidence=confidence_of(unc),
         source=QuerySource.INTERPOLATED if interpolated else QuerySource.MEASURED,
         details={"kernel_type": ",".join(hits), "sub_kernel_durations": durations,
-                 "composite": True, "note": "decomposed sub-kernels", "record_ids": ids},
+                 "composite": True, "note": "decomposed sub-kernels", "record_ids": ids,
+                 **unc},
         sub_kernel_shapes=tuple(subs))

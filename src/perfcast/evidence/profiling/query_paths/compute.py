@@ -21,6 +21,7 @@ from perfcast.evidence.profiling.query_paths.common import (
     shapes_of,
     tc_inputs,
 )
+from perfcast.evidence.profiling.residuals import measured_details
 from perfcast.evidence.profiling.shape_rules import effective_input_count, match_inputs
 
 Shape = tuple[int, ...]
@@ -59,7 +60,7 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
 def candidate_result(cand: Candidate, simulation_shapes: tuple[Shape, ...],
                      details: dict | None = None, source: QuerySource = QuerySource.MEASURED
                      ) -> QueryResult:
-    d = {"kernel_type": cand.kernel_type, "record_ids": [cand.record_id]}
+    d = {"kernel_type": cand.kernel_type, "record_ids": [cand.record_id], **measured_details()}
     d.update(cand.details)
     d.update(details or {})
     return QueryResult(
