@@ -141,3 +141,48 @@ def test_alpha_beta_uncertainty_is_held_out_from_the_fit(tmp_path, a3):
     assert r.confidence == pytest.approx(math.exp(-r.details["rel_std"]))
     exact = hit(ds.lookup(comm("tensor_cast.all_reduce.default", 2**16 * 60, 2)))
     assert exact.source is QuerySource.MEASURED and exact.confidence == 1.0
+
+
+def test_exact_row_keeps_its_repeat_spread(tmp_path, a3):
+    root = database(tmp_path, matmul_rows=[(8, 20.0)])
+    (root / "MatMulV2.csv").write_text(
+        HEADER.rstrip("\n") + ",Std Duration(us)\n"
+        '"8,2048;4096,2048",DT_BF16;DT_BF16,ND;ND,"8,4096",DT_BF16,ND,20.0,1.5\n')
+    r = hit(source(root, a3, interpolate=False).lookup(mm(8)))
+    assert r.source is QuerySource.MEASURED
+    assert r.details["rel_std"] == pytest.approx(0.075)  # 1.5 us of 20 us
+    assert r.confidence == pytest.approx(math.exp(-0.075))
+    assert result_uncertainty(r).kind == "samples"
+
+
+def test_attention_gap_is_sized_by_the_measured_slope(fia_ds):
+    from test_profiling_data_source import attn
+    exact = hit(fia_ds.lookup(attn(128, 4, 128, 4096)))
+    assert exact.details["rel_std"] == 0.0 and exact.confidence == 1.0
+    r = hit(fia_ds.lookup(attn(128, 4, 128, 4100)))  # the 4096 row (58.2 us), gap 4
+    # nearest other row of the shape: 8192 at 120.5 us (the avg_seq_len -1 row is skipped)
+    slope = math.log(120.5 / 58.2) / (8192 - 4096)
+    assert r.details["uncertainty_kind"] == "slope"
+    assert r.details["rel_std"] == pytest.approx(4 * slope)
+    assert r.confidence == pytest.approx(math.exp(-4 * slope))
+
+
+def test_dtype_scaling_is_checked_on_shapes_measured_in_two_dtypes(tmp_path, ds, a3):
+    def add(shape, dt):
+        return op("aten.add.Tensor", [(shape, dt), (shape, dt)], [(shape, dt)])
+    # the fixture's Add.csv holds no shape in two dtypes: nothing checks the rule
+    r = hit(ds.lookup(add((1024, 4096), "fp32")))
+    assert r.details["dtype_scale"] == 2.0 and r.details["rel_std"] is None
+    assert "two dtypes" in r.details["uncertainty_reason"] and r.confidence == 0.0
+    # six shapes in bf16 and fp32, fp32 taking 1.8x (the rule says 2x): |ln(2/1.8)|
+    root = tmp_path / "db"
+    shutil.copytree(DB, root)
+    rows = []
+    for m in (64, 128, 256, 512, 2048, 4096):
+        for dt, lat in (("DT_BF16", m / 64), ("DT_FLOAT", 1.8 * m / 64)):
+            rows.append(f'"{m},4096;{m},4096",{dt};{dt},ND;ND,"{m},4096",{dt},ND,{lat!r}\n')
+    rows.append('"1024,4096;1024,4096",DT_BF16;DT_BF16,ND;ND,"1024,4096",DT_BF16,ND,16.0\n')
+    (root / "Add.csv").write_text(HEADER + "".join(rows))
+    r = hit(source(root, a3, interpolate=False).lookup(add((1024, 4096), "fp32")))
+    assert r.latency_us == 32.0 and r.details["loo_samples"] == 6
+    assert r.details["rel_std"] == pytest.approx(math.log(2.0 / 1.8))

@@ -110,10 +110,21 @@ def alpha_beta_loo(sizes: np.ndarray, lats: np.ndarray) -> ResidualTable:
     return ResidualTable.from_samples(dist, err)
 
 
-def measured_details() -> dict:
-    """An exact CSV row: these databases hold one averaged duration per row, no repeats."""
+STD_COLUMNS = ("Std Duration(us)", "Profiling Std Duration(us)")
+
+
+def measured_details(row=None) -> dict:
+    """An exact CSV row: its repeat spread (`Std Duration(us)` / average) when the CSV
+    has one, else 0.0 (one averaged duration, no spread recorded)."""
+    if row is not None and row.latency_us > 0:
+        for col in STD_COLUMNS:
+            std = row.number(col)
+            if std is not None and std >= 0:
+                return {"rel_std": std / row.latency_us, "uncertainty_kind": "samples",
+                        "loo_samples": 0,
+                        "uncertainty_method": f"repeat spread of the CSV row ({col} / average)"}
     return {"rel_std": 0.0, "uncertainty_kind": "samples", "loo_samples": 0,
-            "uncertainty_method": "exact CSV row (one averaged duration, no repeat spread)"}
+            "uncertainty_method": "exact CSV row (one averaged duration, no spread recorded)"}
 
 
 def table_details(table: ResidualTable, distance: float, method: str) -> dict:

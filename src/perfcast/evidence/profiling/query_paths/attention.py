@@ -123,7 +123,7 @@ def gap_details(table, found: Candidate, p: AttentionParams) -> dict:
     same shape (a measured gradient; no held-out rows exist at such small gaps)."""
     gap = found.distance
     if gap == 0:
-        return measured_details()
+        return measured_details(found.row)
     col = next(c for c in AVG_SEQ_COLUMNS if table.has(c))
     x0 = found.row.number(col)
     best = None

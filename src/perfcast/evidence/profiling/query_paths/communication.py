@@ -61,7 +61,7 @@ def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
              and r.number("message_bytes") is not None]
     for r in group:
         if r.number("message_bytes") == message_bytes:
-            return r.latency_us, False, [table.record_id(r)], measured_details()
+            return r.latency_us, False, [table.record_id(r)], measured_details(r)
     where = f"num_devices={num_devices}" + (f", topology_tier={topology_tier}" if use_tier else "")
     if not group:
         return LookupMiss("shape_mismatch", f"{kernel_type}: no rows for {where}")

@@ -69,7 +69,7 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
     durations = [(hit.kernel_type, round(hit.latency_us, 3))]
     subs = [SubKernelShapeInfo(hit.kernel_type, sim, tuple(hit.row.input_shapes), hit.rule)]
     ids = [hit.record_id]
-    parts = [(hit.latency_us, measured_details())]
+    parts = [(hit.latency_us, measured_details(hit.row))]
     comm = [k for k in mapping.sub_kernels if k.startswith(COMM_PREFIX)]
     for kt in comm:
         n = int(op.dim("participants", 0) or 0)
@@ -113,7 +113,7 @@ def _sub_uncertainty(found: Candidate, spec) -> dict:
         return {k: found.details[k] for k in UNCERTAINTY_KEYS if k in found.details}
     if spec.attention is not None:
         return gap_details(found.table, found, spec.attention)
-    return measured_details()
+    return measured_details(found.row)
 
 
 def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping,

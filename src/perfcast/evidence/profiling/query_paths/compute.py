@@ -21,7 +21,7 @@ from perfcast.evidence.profiling.query_paths.common import (
     shapes_of,
     tc_inputs,
 )
-from perfcast.evidence.profiling.residuals import measured_details
+from perfcast.evidence.profiling.residuals import confidence_of, measured_details
 from perfcast.evidence.profiling.shape_rules import effective_input_count, match_inputs
 
 Shape = tuple[int, ...]
@@ -60,11 +60,12 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
 def candidate_result(cand: Candidate, simulation_shapes: tuple[Shape, ...],
                      details: dict | None = None, source: QuerySource = QuerySource.MEASURED
                      ) -> QueryResult:
-    d = {"kernel_type": cand.kernel_type, "record_ids": [cand.record_id], **measured_details()}
+    d = {"kernel_type": cand.kernel_type, "record_ids": [cand.record_id],
+         **measured_details(cand.row)}
     d.update(cand.details)
     d.update(details or {})
     return QueryResult(
-        latency_us=cand.latency_us, confidence=cand.confidence, source=source, details=d,
+        latency_us=cand.latency_us, confidence=confidence_of(d), source=source, details=d,
         shape_match_info=ShapeMatchInfo(simulation_shapes, tuple(cand.row.input_shapes),
                                         cand.rule))
 

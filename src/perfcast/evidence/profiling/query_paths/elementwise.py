@@ -95,8 +95,9 @@ def lookup_elementwise(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMa
         return LookupMiss(reason, f"output {tc_shape} {tc_dtype} in {mapping.kernel_type}.csv",
                           ShapeMatchInfo((tc_shape,), (), reason))
     details = {"kernel_type": found.kernel_type, "query_mode": "elementwise",
-               "record_ids": [found.record_id], **measured_details(), **found.details}
-    return QueryResult(latency_us=found.latency_us, confidence=found.confidence,
+               "record_ids": [found.record_id], **measured_details(found.row),
+               **found.details}
+    return QueryResult(latency_us=found.latency_us, confidence=confidence_of(details),
                        source=QuerySource.MEASURED, details=details,
                        shape_match_info=ShapeMatchInfo((tc_shape,), (found.row.output_shapes[0],),
                                                        "elementwise"))
