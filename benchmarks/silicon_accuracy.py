@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--revision-out", default=None, help="write the joint revision JSON here")
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--analytic", default=None, help="revision JSON whose analytic efficiency "
+                    "curves the simulator uses (fitted first on kernel tables)")
     ap.add_argument("--quick", default=None, help="only validate this CSV with the shipped "
                     "default revision (no fit)")
     args = ap.parse_args(argv)
@@ -111,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 
     sets = [import_silicon(REF / "silicon" / f"{s}.csv") for s in args.systems]
     cv = [g for g in args.cv if g != "system" or len(args.systems) > 1]
+    from perfcast.calibrate.store import read_revision
+    analytic = read_revision(Path(args.analytic)) if args.analytic else None
     t0 = time.perf_counter()
     rev, details = fit_serving_revision(sets, evidence_root=evidence_root,
                                         model_configs=configs, cv=cv,
                                         workers=args.workers or None,
-                                        progress=lambda m: print(m, file=sys.stderr))
+                                        progress=lambda m: print(m, file=sys.stderr),
+                                        analytic=analytic)
     fit_s = time.perf_counter() - t0
     data = details["data"]
     usable = details["usable"] & np.isfinite(data.measured_tpot)
@@ -127,14 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         _, backend, field = n.split(".", 2)
         zero[n] = 1e6 * getattr(load_backend(backend).overheads, field[:-3] + "_s")
 
-    def sim(theta):
+    def sim(theta, analytic_file=None):
         return simulate_rows(data, [(idx_all, theta)], configs_dir=configs,
-                             evidence_root=evidence_root, workers=args.workers or None)
+                             evidence_root=evidence_root, workers=args.workers or None,
+                             analytic_revision=analytic_file)
 
     columns: dict[str, dict] = {}
-    t, p, _ = sim(zero)
+    t, p, _ = sim(zero)             # physics only: no fitted number at all
     columns["none"] = group_scores(data.rows, t, p, mt, mp, usable)
-    t, p, _ = sim(details["fit"].theta)
+    t, p, _ = sim(details["fit"].theta, Path(args.analytic) if args.analytic else None)
     columns["in-sample"] = group_scores(data.rows, t, p, mt, mp, usable)
     for scheme in details["schemes"]:
         preds = scheme["predictions"]
@@ -144,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         shipped = default_revision()
         part = shipped.part("serving_overheads")
         theta = {n: part.parameter(n).value for n in data.names}
-        t, p, _ = sim(theta)
+        from perfcast.calibrate.store import DEFAULT_FILE
+        import perfcast.calibrate as _pkg
+        shipped_file = Path(_pkg.__file__).parent / DEFAULT_FILE
+        t, p, _ = sim(theta, shipped_file if shipped.part("analytic_efficiency") else None)
         columns[f"default {shipped.short}"] = group_scores(data.rows, t, p, mt, mp, usable)
     except Exception as exc:  # a checkout without a shipped revision
         print(f"(no shipped default revision: {exc})", file=sys.stderr)

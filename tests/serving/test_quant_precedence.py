@@ -55,3 +55,11 @@ def test_moe_label_applies_to_routed_experts_only():
     p, _ = config("Qwen/Qwen3.5-397B-A17B", "h200_sxm", "fp8", "fp8_block")
     assert p.weight == "fp8"
     assert p.linear("moe.experts")[0] == "fp8_block"
+
+
+def test_per_tensor_label_on_a_block_fp8_checkpoint_keeps_the_block_scales():
+    # fp8 and fp8_block are one weight format; an engine loads the checkpoint's scales
+    p, _ = config("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "fp8", "fp8")
+    plain, _ = config("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "", "", "")
+    assert p.linear("moe.experts") == plain.linear("moe.experts")
+    assert p.weight == plain.weight

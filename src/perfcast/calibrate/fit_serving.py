@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfcast.calibrate.revision import CalibrationRevision
+from perfcast.calibrate.revision import CalibrationRevision, dumps
 from perfcast.calibrate.serving import FitOptions, cross_validate, fit_part, linearise
 from perfcast.core.errors import ConfigError
 
@@ -61,28 +61,53 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
                          model_configs: Path | None, cv: Sequence[str] = ("model",),
                          mode: str | None = "agg", options: FitOptions = FitOptions(),
                          name: str = "serving", workers: int | None = None,
-                         progress: Callable[[str], None] | None = None
+                         progress: Callable[[str], None] | None = None,
+                         analytic: CalibrationRevision | None = None
                          ) -> tuple[CalibrationRevision, dict]:
     """Fit, cross-validate and return (revision, details). `details` carries the
-    linearised data and the held-out predictions per CV scheme (for benchmarks)."""
+    linearised data and the held-out predictions per CV scheme (for benchmarks).
+    `analytic`: a revision whose efficiency curves the simulator uses while fitting; its
+    parts join the new revision (they were fitted first, on kernel observations)."""
+    import tempfile
+
+    analytic_file = None
+    if analytic is not None:
+        handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        with handle:
+            handle.write(dumps(analytic))
+        analytic_file = Path(handle.name)
+    try:
+        return _fit(observation_sets, evidence_root=evidence_root, model_configs=model_configs,
+                    cv=cv, mode=mode, options=options, name=name, workers=workers,
+                    progress=progress, analytic=analytic, analytic_file=analytic_file)
+    finally:
+        if analytic_file is not None:
+            analytic_file.unlink(missing_ok=True)
+
+
+def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, name, workers,
+         progress, analytic, analytic_file) -> tuple[CalibrationRevision, dict]:
     rows = rows_of(observation_sets, mode=mode)
     if not rows:
         raise ConfigError("the observation sets hold no rows to fit", field="--observations",
                           expected=f"silicon rows of mode {mode}")
     data = linearise(rows, configs_dir=model_configs, evidence_root=evidence_root,
-                     workers=workers, progress=progress)
+                     workers=workers, progress=progress, analytic_revision=analytic_file)
     if progress:
         progress(f"linearised in {data.seconds:.0f} s: {int(data.modelled.sum())} of "
                  f"{len(rows)} rows modelled")
     schemes = [cross_validate(data, g, configs_dir=model_configs, evidence_root=evidence_root,
-                              options=options, workers=workers, progress=progress) for g in cv]
+                              options=options, workers=workers, progress=progress,
+                              analytic_revision=analytic_file) for g in cv]
     fitted_on = {"observation_sets": [o.digest for o in observation_sets],
                  "evidence": [tree_digest(evidence_root)] if evidence_root else [],
                  "evidence_root": str(evidence_root) if evidence_root else "",
                  "model_configs": [tree_digest(model_configs)] if model_configs else [],
                  "systems": sorted({(r.get("system") or "").strip() for r in rows}),
-                 "mode": mode or "all"}
+                 "mode": mode or "all",
+                 "analytic_revision": analytic.digest if analytic is not None else "none"}
     part, result = fit_part(data, fitted_on=fitted_on, cv=schemes, options=options)
-    rev = CalibrationRevision(name=name, code_version=code_version(), parts=(part,))
+    parts = (part, *(analytic.parts if analytic is not None else ()))
+    rev = CalibrationRevision(name=name, code_version=code_version(), parts=parts)
     return rev, {"data": data, "schemes": schemes, "fit": result,
                  "usable": data.modelled & np.isfinite(data.measured_ttft)}

@@ -157,11 +157,11 @@ class CalibrationRevision(Record):
 
 
 def _part_json(p: CalibrationPart) -> dict:
-    return {"name": p.name, "procedure": _plain(p.procedure),
+    return {"name": p.name, "procedure": plain(p.procedure),
             "parameters": [{"name": q.name, "value": q.value, "std": q.std, "unit": q.unit,
                             "lower": q.lower, "upper": q.upper, "description": q.description}
                            for q in p.parameters],
-            "fitted_on": _plain(p.fitted_on), "cv": _plain(p.cv)}
+            "fitted_on": plain(p.fitted_on), "cv": plain(p.cv)}
 
 
 def _part_from_json(d: Mapping) -> CalibrationPart:
@@ -181,11 +181,12 @@ def make_part(name: str, *, procedure: Mapping, parameters: Iterable[FittedParam
                            cv=freeze(dict(cv)))
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """FrozenDicts and tuples as plain dicts and lists (for JSON)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 

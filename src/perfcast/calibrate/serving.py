@@ -117,29 +117,47 @@ class SimulationSetup:
     configs_dir: str | None
     evidence_root: str | None
     statistic: str = "mean"
+    # a revision JSON whose calibrated analytic providers the simulator asks after the
+    # measured evidence (None: physics-only analytic models)
+    analytic_revision: str | None = None
 
 
 _WORKER_STATE: dict = {}
 
 
 def _worker_tools(setup: SimulationSetup):
-    key = (setup.configs_dir, setup.evidence_root)
+    """Per process: one evidence loader, one cost cache, one set of calibrated providers
+    per system (the same objects on every call, so cached costs stay valid)."""
+    key = (setup.configs_dir, setup.evidence_root, setup.analytic_revision)
     if _WORKER_STATE.get("key") != key:
         from perfcast.serving.deploy import StepModelCache
         evidence_for = None
         if setup.evidence_root:
             from perfcast.serving.evidence import evidence_loader
             evidence_for = evidence_loader(Path(setup.evidence_root))
-        _WORKER_STATE.update(key=key, cache=StepModelCache(), evidence_for=evidence_for)
-    return _WORKER_STATE["cache"], _WORKER_STATE["evidence_for"]
+        analytic_for = None
+        if setup.analytic_revision:
+            from perfcast.calibrate.store import read_revision
+            from perfcast.evidence.calibrated import calibrated_providers
+            from perfcast.hardware import load_system
+            revision = read_revision(Path(setup.analytic_revision))
+            built: dict[str, list] = {}
+
+            def analytic_for(system: str) -> list:
+                if system not in built:
+                    built[system] = calibrated_providers(load_system(system), revision)
+                return built[system]
+        _WORKER_STATE.update(key=key, cache=StepModelCache(), evidence_for=evidence_for,
+                             analytic_for=analytic_for)
+    return _WORKER_STATE["cache"], _WORKER_STATE["evidence_for"], _WORKER_STATE["analytic_for"]
 
 
 def _simulate(setup: SimulationSetup, rows: list[dict], overheads: dict) -> list[tuple]:
     from perfcast.serving.silicon import validate_rows
-    cache, evidence_for = _worker_tools(setup)
+    cache, evidence_for, analytic_for = _worker_tools(setup)
     res = validate_rows(rows, configs_dir=Path(setup.configs_dir) if setup.configs_dir else None,
                         evidence_for=evidence_for, overheads=overheads, cache=cache,
-                        statistic=setup.statistic)
+                        statistic=setup.statistic, analytic_for=analytic_for)
     return [(r.pred_ttft_ms, r.pred_tpot_ms, r.reason) for r in res]
 
 
@@ -247,14 +265,16 @@ def start_theta(backends: Sequence[str]) -> tuple[dict[str, float], dict[str, fl
 
 def linearise(rows: Sequence[dict], *, configs_dir: Path | None, evidence_root: Path | None,
               workers: int | None = None, statistic: str = "mean",
-              progress: Callable[[str], None] | None = None) -> LinearisedRows:
+              progress: Callable[[str], None] | None = None,
+              analytic_revision: Path | None = None) -> LinearisedRows:
     """Simulate every row at the start values and once per parameter of its backend."""
     t0 = time.perf_counter()
     rows = [dict(r) for r in rows]
     backends = sorted({r.get("backend", "").strip() for r in rows} & set(BACKENDS))
     theta0, steps = start_theta(backends)
     setup = SimulationSetup(str(configs_dir) if configs_dir else None,
-                            str(evidence_root) if evidence_root else None, statistic)
+                            str(evidence_root) if evidence_root else None, statistic,
+                            str(analytic_revision) if analytic_revision else None)
     workers = workers or min(2, os.cpu_count() or 1)
     chunks = _chunks(rows, workers)
     fields = [None] + [spec.field for spec in PARAMETERS if not spec.analytic]
@@ -444,11 +464,13 @@ def scores(pred_t: np.ndarray, pred_p: np.ndarray, meas_t: np.ndarray, meas_p: n
 def simulate_rows(data: LinearisedRows, assignments: list[tuple[list[int], dict[str, float]]],
                   *, configs_dir: Path | None, evidence_root: Path | None,
                   workers: int | None = None, statistic: str = "mean",
-                  progress: Callable[[str], None] | None = None
+                  progress: Callable[[str], None] | None = None,
+                  analytic_revision: Path | None = None
                   ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Exact simulation of row subsets, each subset with its own parameters."""
     setup = SimulationSetup(str(configs_dir) if configs_dir else None,
-                            str(evidence_root) if evidence_root else None, statistic)
+                            str(evidence_root) if evidence_root else None, statistic,
+                            str(analytic_revision) if analytic_revision else None)
     workers = workers or min(2, os.cpu_count() or 1)
     everyone = sorted({i for idx, _ in assignments for i in idx})
     chunks = [[everyone[j] for j in c] for c in _chunks([data.rows[i] for i in everyone],
@@ -482,7 +504,8 @@ def cross_validate(data: LinearisedRows, group_by: str, *, configs_dir: Path | N
                    evidence_root: Path | None = None, options: FitOptions = FitOptions(),
                    workers: int | None = None, statistic: str = "mean",
                    progress: Callable[[str], None] | None = None,
-                   simulate: Simulate | None = None) -> dict:
+                   simulate: Simulate | None = None,
+                   analytic_revision: Path | None = None) -> dict:
     """Leave-one-group-out folds: fit on the others, simulate the held-out rows exactly
     (`simulate(data, [(row indices, parameters), ...])`; default: the serving simulator)."""
     groups = np.array(data.groups(group_by), dtype=object)
@@ -502,7 +525,8 @@ def cross_validate(data: LinearisedRows, group_by: str, *, configs_dir: Path | N
         def simulate(d, assignments):
             return simulate_rows(d, assignments, configs_dir=configs_dir,
                                  evidence_root=evidence_root, workers=workers,
-                                 statistic=statistic, progress=progress)
+                                 statistic=statistic, progress=progress,
+                                 analytic_revision=analytic_revision)
     held_t, held_p, _ = simulate(data, [(list(np.flatnonzero(h)), r.theta) for _, h, r in fits])
     for g, held, result in fits:
         train = usable & ~held

@@ -14,7 +14,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from perfcast.calibrate.revision import CalibrationRevision, dumps
+from perfcast.calibrate.revision import CalibrationRevision, dumps, plain
 from perfcast.core.errors import ConfigError
 from perfcast.core.paths import store_root
 
@@ -106,8 +106,8 @@ def summary(rev: CalibrationRevision) -> dict:
     return {"revision": rev.digest, "name": rev.name, "code_version": rev.code_version,
             "parts": [p.name for p in rev.parts],
             "parameters": sum(len(p.parameters) for p in rev.parts),
-            "fitted_on": rev.fitted_on(),
-            "cv": {p.name: dict(p.cv.get("summary", {})) for p in rev.parts}}
+            "fitted_on": plain(rev.fitted_on()),
+            "cv": {p.name: plain(p.cv.get("summary", {})) for p in rev.parts}}
 
 
 def load_calibration(ref: str | None, *, store: CalibrationStore | None = None

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from perfcast.cli.calibration_option import CalibrationOption
+from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import user_errors
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
@@ -101,9 +103,9 @@ def evidence_context(runtime: str, runtime_version: str, implementation: list[st
 
 
 def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: str,
-                      store: Optional[Path]):
+                      store: Optional[Path], calibrated: list | None = None):
     """Measured providers (read through `MeasuredView`, as serving reads them), then the
-    analytic ones."""
+    calibrated analytic ones, then the physics-only analytic ones."""
     from perfcast.estimate import make_resolver
     from perfcast.evidence.chain import evidence_providers
     from perfcast.evidence.measured_view import MeasuredView
@@ -114,7 +116,16 @@ def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: 
     dbs = [open_evidence(r, hardware=system.name, store=EvidenceStore(store)) for r in refs]
     measured = [MeasuredView(p, peak_memory_bw=system.device.memory.bw_bytes_per_s)
                 for p in evidence_providers(dbs, system, policy)]
-    return make_resolver(system, evidence=measured, roofline_mode=roofline_mode)
+    return make_resolver(system, evidence=[*measured, *(calibrated or [])],
+                         roofline_mode=roofline_mode)
+
+
+def calibrated_for(device: str, revision) -> list:
+    """The revision's calibrated analytic providers for `device` ([] for none)."""
+    from perfcast.evidence.calibrated import calibrated_providers
+    from perfcast.hardware import load_system
+
+    return calibrated_providers(load_system(device), revision)
 
 
 def estimate_command(
@@ -205,6 +216,7 @@ def estimate_command(
     evidence_policy: Annotated[str, typer.Option(
         "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
     store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
+    calibration: CalibrationOption = "default",
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
     """Estimate one step (prefill, decode or mixed) and show where every number came from."""
@@ -237,14 +249,22 @@ def estimate_command(
                                   mtp_layers=mtp_layers, mla_form=mla_form,
                                   block_size=block_size,
                                   reserve_bytes=reserved_memory_gb * 2**30)
+        revision = load_calibration(calibration)
+        calibrated = calibrated_for(device, revision)
         results = {}
         for name in models:
             resolver = None
             if name == "profiling":
-                resolver = profiling_resolver(request, profiling_database, interpolate)
+                resolver = profiling_resolver(request, profiling_database, interpolate,
+                                              calibrated)
             elif evidence:  # measured evidence first, then the analytic providers
                 resolver = evidence_resolver(device, evidence, evidence_policy, roofline_mode,
-                                             store)
+                                             store, calibrated)
+            elif calibrated:
+                from perfcast.estimate import make_resolver
+                from perfcast.hardware import load_system
+                resolver = make_resolver(load_system(device), calibrated,
+                                         roofline_mode=roofline_mode)
             results[name] = estimate_step(request, resolver)
         metrics = None
         if "profiling" in results:
@@ -268,6 +288,8 @@ def estimate_command(
                 docs["profiling"]["empirical_metrics"] = {k: metrics[k] for k in
                                                           ("m1", "m2", "m3", "m5")}
             doc = next(iter(docs.values())) if len(docs) == 1 else {"models": docs}
+            doc["calibration"] = {"revision": revision.digest if revision else "none",
+                                  "analytic_efficiency": bool(calibrated)}
             typer.echo(json.dumps(doc, indent=2))
         else:
             from perfcast.report.tables import print_step
@@ -320,8 +342,10 @@ def check_profiling_options(models: list[str], database: Path | None, interpolat
                                   expected="--performance-model profiling (or analytic profiling)")
 
 
-def profiling_resolver(request: EstimateRequest, database: Path, interpolate: bool):
-    """Profiling first, the analytic providers after it: one resolver, one cost path."""
+def profiling_resolver(request: EstimateRequest, database: Path, interpolate: bool,
+                       calibrated: list | None = None):
+    """Profiling first, the (calibrated, then physics-only) analytic providers after it:
+    one resolver, one cost path."""
     from perfcast.estimate import make_resolver
     from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
     from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
@@ -332,9 +356,10 @@ def profiling_resolver(request: EstimateRequest, database: Path, interpolate: bo
     source = ProfilingDataSource(database, system, request.plan)
     if interpolate:
         source = InterpolatingDataSource(source)
-    analytic = make_resolver(system, roofline_mode=request.roofline_mode)
+    analytic = make_resolver(system, list(calibrated or []), roofline_mode=request.roofline_mode)
     provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic)
-    return make_resolver(system, [provider], roofline_mode=request.roofline_mode)
+    return make_resolver(system, [provider, *(calibrated or [])],
+                         roofline_mode=request.roofline_mode)
 
 
 def print_metrics_summary(metrics: dict, console: Console) -> None:

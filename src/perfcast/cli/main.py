@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from perfcast.cli import catalog, collect, estimate, profiling, search, serve, validate
-from perfcast.cli import observe
+from perfcast.cli import calibrate, observe
 from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -17,6 +17,7 @@ app.add_typer(profiling.app, name="profiling")
 app.add_typer(evidence_cli.app, name="evidence")
 app.add_typer(collect.app, name="collect")
 app.add_typer(observe.app, name="observe")
+app.add_typer(calibrate.app, name="calibrate")
 app.command("serve")(serve.serve_command)
 app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")

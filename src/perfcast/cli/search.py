@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from perfcast.cli.calibration_option import CalibrationOption, analytic_for, backend_overheads
+from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import user_errors
 
 
@@ -53,11 +55,16 @@ def search_command(
     evidence_root: Annotated[Optional[Path], typer.Option("--evidence-root")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="write the Pareto plot (.html or .png)")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
+    calibration: CalibrationOption = "default",
 ) -> None:
     """Sweep layouts, concurrency and agg vs disagg; print the Pareto frontier and top-N."""
     from perfcast.serving.search import SearchSpace, candidate_json, search, top
 
     with user_errors():
+        revision = load_calibration(calibration)
+        from perfcast.hardware import load_system
+        from perfcast.serving.backends import load_backend
+        fitted = backend_overheads(revision, load_backend(backend).name)
         space = SearchSpace(
             model=model, system=device, backend=backend, backend_version=backend_version,
             gpus=gpus, isl=isl, osl=osl, concurrencies=_ints(concurrency, "--concurrency"),
@@ -65,7 +72,10 @@ def search_command(
             ep_sizes=_ints(ep_sizes, "--ep-sizes"),
             modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms,
-            evidence_root=str(evidence_root) if evidence_root else None)
+            evidence_root=str(evidence_root) if evidence_root else None,
+            overheads=tuple(sorted(fitted.items())),
+            extra_providers=tuple((analytic_for(revision) or (lambda _: []))(
+                load_system(device).name)))
         cands = search(space, executor=executor, workers=workers or None)
         if plot:
             from perfcast.serving.plots import write_plot
@@ -77,6 +87,7 @@ def search_command(
             typer.echo(json.dumps({"pareto": [candidate_json(c) for c in front],
                                    "top": [candidate_json(c) for c in best],
                                    "evaluated": len(cands),
+                                   "calibration": revision.digest if revision else "none",
                                    "failed": [{"layout": c.layout, "concurrency": c.concurrency,
                                                "error": c.error} for c in cands if c.error]},
                                   indent=2))

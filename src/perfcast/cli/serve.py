@@ -11,6 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from perfcast.cli.calibration_option import (CalibrationOption, analytic_for, backend_overheads,
+                                             held_out_error)
+from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import user_errors
 from perfcast.cli.estimate import build_plan
 from perfcast.core.errors import ConfigError
@@ -68,6 +71,7 @@ def serve_command(
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option("--chrome-trace", help="write engine "
                                                          "iterations as a Chrome trace")] = None,
+    calibration: CalibrationOption = "default",
 ) -> None:
     """Simulate clients against one engine configuration and report request metrics."""
     from perfcast.serving.backends import load_backend
@@ -80,7 +84,9 @@ def serve_command(
         plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, 0)
         precision = precision_for_model(spec, linear_action=quantize_linear_action,
                                         kv_cache_dtype=kv_cache_dtype)
-        bk = load_backend(backend).with_scheduler(
+        revision = load_calibration(calibration)
+        bk = load_backend(backend)
+        bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
             policy=policy, token_budget=token_budget, max_running_requests=max_running_requests,
             chunked_prefill=chunked_prefill)
         arrivals = _read_trace(arrival_trace) if arrival_trace else None
@@ -112,12 +118,16 @@ def serve_command(
             providers, context = ev.providers, (ev.context if ev.providers else None)
             if ev.note:
                 typer.echo(f"note: {ev.note}", err=True)
-        result = run_serving(cfg, evidence=providers, evidence_context=context)
+        from perfcast.hardware import load_system as _load_system
+        calibrated = (analytic_for(revision) or (lambda _: []))(_load_system(device).name)
+        result = run_serving(cfg, evidence=(*providers, *calibrated), evidence_context=context)
         if chrome_trace:
             from perfcast.serving.trace import write_iteration_trace
 
             write_iteration_trace(result.engines, chrome_trace)
         metrics = result.metrics.to_json()
+        metrics["calibration"] = revision.digest if revision is not None else "none"
+        metrics["calibration_held_out_error"] = held_out_error(revision)
         if output_format is OutputFormat.json:
             typer.echo(json.dumps(metrics, indent=2))
             return
@@ -156,3 +166,7 @@ def _print_table(metrics: dict, console: Console) -> None:
         value = metrics[key]
         console.print(f"{key:28s} {value:.3f}" if isinstance(value, float)
                       else f"{key:28s} {value}")
+    console.print(f"{'calibration':28s} {metrics['calibration']}")
+    for scheme, err in (metrics.get("calibration_held_out_error") or {}).items():
+        console.print(f"  held-out error ({scheme}): TTFT MAPE {100 * err['ttft_mape']:.1f}%, "
+                      f"TPOT MAPE {100 * err['tpot_mape']:.1f}% over {err['rows']} rows")

@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from perfcast.cli.calibration_option import CalibrationOption, all_overheads, analytic_for
+from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Compare predictions with measured deployments.")
@@ -69,6 +71,7 @@ def silicon_command(
                                             "row before the summary")] = True,
     statistic: Annotated[str, typer.Option(help="per-request aggregate compared with the row: "
                                            "mean | p50 (the file does not say which)")] = "mean",
+    calibration: CalibrationOption = "default",
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     from perfcast.serving.silicon import read_rows, summarize, validate_rows
@@ -82,13 +85,16 @@ def silicon_command(
             from perfcast.serving.evidence import evidence_loader
 
             evidence_for = evidence_loader(evidence_root)
+        revision = load_calibration(calibration)
         results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,
-                                statistic=statistic)
+                                statistic=statistic, overheads=all_overheads(revision),
+                                analytic_for=analytic_for(revision))
         groups = summarize(results)
         if output_format is Format.csv:
             text = rows_csv(results)
         elif output_format is Format.json:
-            text = json.dumps({"rows": [r.__dict__ for r in results], "summary": groups}, indent=2)
+            text = json.dumps({"rows": [r.__dict__ for r in results], "summary": groups,
+                               "calibration": revision.digest if revision else "none"}, indent=2)
         else:
             text = None
         if text is not None:

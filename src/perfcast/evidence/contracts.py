@@ -108,11 +108,13 @@ class Uncertainty(Record):
 
     `kind`: `none`; `samples` (repeat spread of a measured point); `model` (an analytic
     model's stated spread); `loo` (measured: leave-one-out errors of the interpolation on
-    its own evidence, `sample_count` of them); `partial`; `unknown`: nothing measured to
+    its own evidence, `sample_count` of them); `heldout` (calibrated: the robust spread of
+    the held-out errors of the calibration revision's cross-validation for this class);
+    `partial`; `unknown`: nothing measured to
     size it, `rel_std` is None and the estimate's `statistics["uncertainty_reason"]`
     says why. Readers must treat None as unknown, never as zero."""
 
-    kind: str = "none"          # none | samples | model | loo | partial | unknown
+    kind: str = "none"          # none | samples | model | loo | heldout | partial | unknown
     rel_std: float | None = 0.0
     low_s: float | None = None
     high_s: float | None = None

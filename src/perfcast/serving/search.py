@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
 from perfcast.workload import ModelSpec, ParallelPlan, load_model_spec
 
@@ -29,6 +30,10 @@ class SearchSpace:
     system: str = "h100_sxm"
     backend: str = "vllm"
     backend_version: str = ""
+    # fitted host overheads ((Overheads field, seconds), ...) from a calibration revision
+    overheads: tuple[tuple[str, float], ...] = ()
+    # calibrated analytic providers, asked after measured evidence, before physics
+    extra_providers: tuple = ()
     gpus: int = 8
     isl: int = 1024
     osl: int = 256
@@ -134,11 +139,13 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
         ev = _evidence(space.evidence_root, load_system(space.system).name, space.backend,
                        space.backend_version)
         providers, context = ev.providers, (ev.context if ev.providers else None)
+    providers = (*providers, *space.extra_providers)
     cache = StepModelCache()
     out = []
     for c in space.concurrencies:
         cand = Candidate(layout.label(), layout.mode, layout.gpus, c)
-        cfg = ServeConfig(model=model, system=space.system, backend=space.backend,
+        backend = load_backend(space.backend).with_overheads(**dict(space.overheads))
+        cfg = ServeConfig(model=model, system=space.system, backend=backend,
                           backend_version=space.backend_version, mode=layout.mode,
                           pool=Pool(layout.plan, layout.workers),
                           decode_pool=(Pool(layout.decode_plan, layout.decode_workers)

@@ -205,6 +205,9 @@ def _precision(row: dict, model: ModelSpec, system: System, rules: dict
         pair = LINEAR_ACTIONS[moe]
         act = base.activation
         experts = (act, act) if pair is None else (pair[0], pair[1] or act)
+        ckpt = checkpoint.linear("moe.experts")
+        if _weight_family(experts[0]) == _weight_family(ckpt[0]) and experts[1] == ckpt[1]:
+            experts = ckpt                 # the checkpoint's own scheme: its scales kept
         if base.linear("moe.experts") != experts:
             base = replace(base, linear_overrides=base.linear_overrides.replace(
                 **{"moe.experts": experts}))
@@ -371,13 +374,17 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   overheads: dict | None = None, statistic: str = "mean",
-                  seed: int = 0, cache: StepModelCache | None = None) -> list[RowResult]:
+                  seed: int = 0, cache: StepModelCache | None = None,
+                  analytic_for: Callable[[str], Sequence] | None = None) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
     `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
     `statistic`: which per-request aggregate is compared with the row (mean | p50).
     `seed`: the simulated clients' seed (request lengths), to measure run-to-run spread.
-    `cache`: costed step graphs to reuse across calls (e.g. the passes of a fit)."""
+    `cache`: costed step graphs to reuse across calls (e.g. the passes of a fit).
+    `analytic_for(system)`: calibrated analytic providers asked after the measured ones
+    and before the physics-only models (the same objects on every call, so cached
+    costs stay valid)."""
     if statistic not in ("mean", "p50"):
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
@@ -410,6 +417,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                 providers, context = ev.providers, (ev.context if ev.providers else None)
                 if ev.note:
                     res.assumptions.append(ev.note)
+            if analytic_for:
+                providers = (*providers, *analytic_for(res.system.strip()))
             sim = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache)
             m = sim.metrics
             if m.rejected_requests:

@@ -1,0 +1,229 @@
+"""`perfcast calibrate fit|list|show`: calibration revisions from observation sets."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfcast.calibrate.revision import plain
+from perfcast.cli.errors import user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Fit calibration revisions on observations "
+                  "and inspect them.")
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class Grouping(str, Enum):
+    model = "model"
+    backend = "backend"
+    system = "system"
+    campaign = "campaign"
+
+
+@app.command("fit", context_settings={"allow_extra_args": True})
+def fit_command(
+    ctx: typer.Context,
+    observations: Annotated[list[str], typer.Option(
+        "--observations", help="observation-set digests or prefixes (serving rows); more "
+        "digests may follow the first")],
+    cv: Annotated[list[Grouping], typer.Option(
+        "--cv", help="leave-one-group-out cross-validation by model | backend | system | "
+        "campaign (repeatable)")],
+    evidence_root: Annotated[Optional[Path], typer.Option(
+        "--evidence-root", help="measured kernels (AIConfigurator layout) the simulator uses "
+        "while fitting")] = None,
+    model_configs: Annotated[Optional[Path], typer.Option(
+        "--model-configs", help="folder of org--name_config.json files")] = None,
+    store: Annotated[Optional[Path], typer.Option(
+        "--store", help="calibration store (default: $PERFCAST_CALIBRATION_STORE or the user "
+        "data folder)")] = None,
+    observation_store: Annotated[Optional[Path], typer.Option(
+        "--observation-store", help="where the observation sets are (default: "
+        "$PERFCAST_OBSERVATION_STORE or the user data folder)")] = None,
+    mode: Annotated[str, typer.Option(help="rows of this mode (agg | disagg | all)")] = "agg",
+    name: Annotated[str, typer.Option(help="a name for the revision")] = "serving",
+    workers: Annotated[int, typer.Option(help="simulation processes (0: up to 2)")] = 0,
+    min_fold_rows: Annotated[int, typer.Option(
+        "--min-fold-rows", help="refuse a fold that holds out fewer modelled rows")] = 3,
+    min_train_rows: Annotated[int, typer.Option(
+        "--min-train-rows", help="refuse a fit on fewer modelled rows")] = 30,
+    analytic: Annotated[Optional[str], typer.Option(
+        "--analytic", help="a revision with efficiency curves (calibrate fit-kernels) that the "
+        "simulator uses while fitting; its parts join the new revision")] = None,
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Fit the serving overheads on observed deployments, cross-validated."""
+    from perfcast.calibrate.fit_serving import fit_serving_revision
+    from perfcast.calibrate.serving import FitOptions
+    from perfcast.calibrate.store import CalibrationStore
+    from perfcast.observe.store import ObservationStore
+
+    with user_errors():
+        refs = list(observations) + [a for a in ctx.args if not a.startswith("-")]
+        ostore = ObservationStore(observation_store)
+        sets = [ostore.get(r) for r in refs]
+        err = Console(stderr=True)
+        from perfcast.calibrate.store import load_calibration
+        curves = load_calibration(analytic, store=CalibrationStore(store)) if analytic else None
+        rev, _ = fit_serving_revision(
+            sets, evidence_root=evidence_root, model_configs=model_configs,
+            cv=[g.value for g in cv], mode=None if mode == "all" else mode,
+            options=FitOptions(min_held_out_rows=min_fold_rows, min_train_rows=min_train_rows),
+            name=name,
+            workers=workers or None, progress=lambda msg: err.print(msg), analytic=curves)
+        CalibrationStore(store).put(rev)
+        doc = fit_json(rev)
+        if output_format is Format.json:
+            typer.echo(json.dumps(doc, indent=2))
+            return
+        _print_revision(rev, Console())
+
+
+def fit_json(rev) -> dict:
+    part = rev.parts[0]
+    return {"revision": rev.digest, "name": rev.name, "code_version": rev.code_version,
+            "parameters": {p.name: {"value": p.value, "std": p.std, "unit": p.unit}
+                           for p in part.parameters},
+            "fitted_on": plain(part.fitted_on),
+            "cv": rev.to_json()["parts"][0]["cv"]}
+
+
+@app.command("fit-kernels", context_settings={"allow_extra_args": True})
+def fit_kernels_command(
+    ctx: typer.Context,
+    observations: Annotated[list[str], typer.Option(
+        "--observations", help="kernel observation-set digests or prefixes (perfcast observe "
+        "import kernels); more digests may follow the first")],
+    store: Annotated[Optional[Path], typer.Option("--store", help="calibration store")] = None,
+    observation_store: Annotated[Optional[Path], typer.Option("--observation-store")] = None,
+    name: Annotated[str, typer.Option(help="a name for the revision")] = "analytic",
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Fit the analytic path's efficiency curves on kernel observations, cross-validated
+    (leave one system out, and one framework out within each system)."""
+    from perfcast.calibrate.efficiency import fit_efficiency
+    from perfcast.calibrate.fit_serving import code_version
+    from perfcast.calibrate.revision import CalibrationRevision
+    from perfcast.calibrate.store import CalibrationStore
+    from perfcast.core.errors import ConfigError
+    from perfcast.hardware import load_system
+    from perfcast.observe.store import ObservationStore
+
+    with user_errors():
+        refs = list(observations) + [a for a in ctx.args if not a.startswith("-")]
+        ostore = ObservationStore(observation_store)
+        sources = []
+        for ref in refs:
+            obs = ostore.get(ref)
+            if obs.kind != "kernels":
+                raise ConfigError(f"observation set {obs.digest} holds {obs.kind} observations",
+                                  field="--observations", expected="kernel observations")
+            sources.append((obs.database, load_system(obs.manifest.system)))
+        fit = fit_efficiency(sources)
+        part = fit.part()
+        part = type(part)(name=part.name, procedure=part.procedure, parameters=part.parameters,
+                          fitted_on=part.fitted_on.replace(
+                              observation_sets=tuple(ostore.resolve(r) for r in refs)),
+                          cv=part.cv)
+        rev = CalibrationRevision(name=name, code_version=code_version(), parts=(part,))
+        CalibrationStore(store).put(rev)
+        if output_format is Format.json:
+            doc = rev.to_json()
+            typer.echo(json.dumps({"revision": rev.digest, "parameters": {
+                p.name: {"value": p.value, "std": p.std, "unit": p.unit}
+                for p in part.parameters}, "fitted_on": doc["parts"][0]["fitted_on"],
+                "cv": doc["parts"][0]["cv"]}, indent=2))
+            return
+        _print_revision(rev, Console())
+
+
+@app.command("list")
+def list_command(
+    store: Annotated[Optional[Path], typer.Option("--store")] = None,
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """Stored revisions and the shipped default."""
+    from perfcast.calibrate.store import CalibrationStore, default_revision, summary
+
+    with user_errors():
+        items = [dict(summary(default_revision()), where="shipped default")]
+        items += [dict(s, where="store") for s in CalibrationStore(store).list()]
+        if output_format is Format.json:
+            typer.echo(json.dumps(items, indent=2))
+            return
+        table = Table(title="calibration revisions")
+        for col in ("revision", "name", "where", "parts", "parameters", "fitted on"):
+            table.add_column(col)
+        for s in items:
+            table.add_row(s["revision"][7:19], s["name"], s["where"], ", ".join(s["parts"]),
+                          str(s["parameters"]),
+                          ", ".join(d[7:19] for d in s["fitted_on"].get("observation_sets", [])))
+        Console().print(table)
+
+
+@app.command("show")
+def show_command(
+    revision: Annotated[str, typer.Argument(help="digest or prefix, `default`, or a JSON file")],
+    store: Annotated[Optional[Path], typer.Option("--store")] = None,
+    output_format: Annotated[Format, typer.Option("--format")] = Format.table,
+) -> None:
+    """A revision's parameters, what it was fitted on and its cross-validation scores."""
+    from perfcast.calibrate.store import CalibrationStore, load_calibration
+
+    with user_errors():
+        if revision == "none":
+            from perfcast.core.errors import ConfigError
+            raise ConfigError("`none` is no revision (physics only)", field="REVISION")
+        rev = load_calibration(revision, store=CalibrationStore(store))
+        if output_format is Format.json:
+            typer.echo(json.dumps(rev.to_json(), indent=2))
+            return
+        _print_revision(rev, Console())
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _print_revision(rev, console: Console) -> None:
+    console.print(f"revision {rev.digest}  ({rev.name}, perfcast {rev.code_version})")
+    for part in rev.parts:
+        console.print(f"[bold]{part.name}[/bold]: {part.procedure.get('name')} "
+                      f"v{part.procedure.get('version')}")
+        for key, val in part.fitted_on.items():
+            if isinstance(val, (tuple, list)):
+                console.print(f"  fitted on {key}: " + ", ".join(str(v) for v in val))
+        table = Table()
+        for col in ("parameter", "value", "std", "unit", "bounds"):
+            table.add_column(col, justify="left" if col == "parameter" else "right")
+        for p in part.parameters:
+            table.add_row(p.name, f"{p.value:.4g}", "-" if p.std is None else f"{p.std:.3g}",
+                          p.unit, f"[{p.lower:g}, {p.upper:g}]")
+        console.print(table)
+        cv = part.cv
+        schemes = cv.get("schemes") or ([cv] if "folds" in cv else [])
+        for scheme in schemes:
+            t = Table(title=f"cross-validation: leave one {scheme['group_by']} out")
+            for col in ("held out", "rows", "in-sample TTFT", "in-sample TPOT", "held-out TTFT",
+                        "held-out TPOT"):
+                t.add_column(col, justify="left" if col == "held out" else "right")
+            for f in scheme["folds"]:
+                t.add_row(str(f["group"]), str(f["rows"]), _pct(f["in_sample"].get("ttft_mape")),
+                          _pct(f["in_sample"].get("tpot_mape")),
+                          _pct(f["held_out"].get("ttft_mape")), _pct(f["held_out"].get("tpot_mape")))
+            pooled = scheme["summary"]["held_out"]
+            t.add_row("all held out", str(pooled["rows"]), "", "", _pct(pooled["ttft_mape"]),
+                      _pct(pooled["tpot_mape"]))
+            console.print(t)
+        if "efficiency" in part.name:
+            console.print(json.dumps(plain(cv).get("summary", {}), indent=1))
