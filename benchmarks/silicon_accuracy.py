@@ -35,8 +35,16 @@ REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
 KEYS = ("system", "model_path", "backend")
 
 
-def group_scores(rows, pred_t, pred_p, meas_t, meas_p, usable) -> dict[tuple, dict]:
-    """Scores per (system, model, backend) and overall ('*', '*', '*')."""
+def unclean(reason: str) -> bool:
+    """Rows outside the benchmark's clean set: layouts larger than one node of the
+    system (scale-up domain) and runtime images known to be mislabeled."""
+    return "exceeds one" in reason or "only for MTP" in reason
+
+
+def group_scores(rows, pred_t, pred_p, meas_t, meas_p, usable, reasons=None
+                 ) -> dict[tuple, dict]:
+    """Scores per (system, model, backend) and overall ('*', '*', '*'); `clean_coverage`
+    leaves out the rows `unclean` names."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         key = tuple((r.get(k) or "").strip() for k in KEYS)
@@ -50,8 +58,12 @@ def group_scores(rows, pred_t, pred_p, meas_t, meas_p, usable) -> dict[tuple, di
         sel = idx[ok]
         at = np.abs(pred_t[sel] / meas_t[sel] - 1)
         ap = np.abs(pred_p[sel] / meas_p[sel] - 1)
+        clean = np.array([not unclean(reasons[i]) for i in idx]) if reasons else \
+            np.ones(len(idx), bool)
         out[key] = {"rows": int(len(idx)), "predicted": int(ok.sum()),
                     "coverage": float(ok.mean()) if len(idx) else 0.0,
+                    "clean_rows": int(clean.sum()),
+                    "clean_coverage": float(ok[clean].mean()) if clean.any() else 0.0,
                     "ttft_mape": float(at.mean()) if at.size else None,
                     "ttft_median_ape": float(np.median(at)) if at.size else None,
                     "tpot_mape": float(ap.mean()) if ap.size else None,
@@ -66,18 +78,18 @@ def _pct(v) -> str:
 def print_table(title: str, columns: dict[str, dict[tuple, dict]]) -> None:
     print(f"== {title}")
     names = list(columns)
-    head = f"{'system':9s} {'model':34s} {'backend':7s} {'rows':>4s} {'cov':>6s}"
+    head = f"{'system':9s} {'model':34s} {'backend':7s} {'rows':>4s} {'cov':>6s} {'clean':>6s}"
     for n in names:
         head += f" | {n[:22]:^22s}"
     print(head)
-    sub = " " * 64 + "".join(" | TTFT mape/med TPOT mape/med"[:25] for _ in names)
+    sub = " " * 71 + "".join(" | TTFT mape/med TPOT mape/med"[:25] for _ in names)
     print(sub)
     keys = sorted(next(iter(columns.values())), key=lambda k: (k[0] == "*", k[0], k[1] == "*",
                                                                 k[1], k[2]))
     for key in keys:
         first = columns[names[0]][key]
         line = (f"{key[0][:9]:9s} {key[1][:34]:34s} {key[2][:7]:7s} {first['rows']:4d} "
-                f"{100 * first['coverage']:5.1f}%")
+                f"{100 * first['coverage']:5.1f}% {100 * first['clean_coverage']:5.1f}%")
         for n in names:
             g = columns[n][key]
             line += (f" | {_pct(g['ttft_mape'])}/{_pct(g['ttft_median_ape'])[1:]}"
@@ -139,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
 
     columns: dict[str, dict] = {}
     t, p, _ = sim(zero)             # physics only: no fitted number at all
-    columns["none"] = group_scores(data.rows, t, p, mt, mp, usable)
+    columns["none"] = group_scores(data.rows, t, p, mt, mp, usable, data.reasons)
     t, p, _ = sim(details["fit"].theta, Path(args.analytic) if args.analytic else None)
-    columns["in-sample"] = group_scores(data.rows, t, p, mt, mp, usable)
+    columns["in-sample"] = group_scores(data.rows, t, p, mt, mp, usable, data.reasons)
     for scheme in details["schemes"]:
         preds = scheme["predictions"]
         columns[f"held-out {scheme['group_by']}"] = group_scores(
-            data.rows, preds["ttft"], preds["tpot"], mt, mp, usable)
+            data.rows, preds["ttft"], preds["tpot"], mt, mp, usable, data.reasons)
     try:
         shipped = default_revision()
         part = shipped.part("serving_overheads")
@@ -154,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         import perfcast.calibrate as _pkg
         shipped_file = Path(_pkg.__file__).parent / DEFAULT_FILE
         t, p, _ = sim(theta, shipped_file if shipped.part("analytic_efficiency") else None)
-        columns[f"default {shipped.short}"] = group_scores(data.rows, t, p, mt, mp, usable)
+        columns[f"default {shipped.short}"] = group_scores(data.rows, t, p, mt, mp, usable,
+                                                           data.reasons)
     except Exception as exc:  # a checkout without a shipped revision
         print(f"(no shipped default revision: {exc})", file=sys.stderr)
     total_s = time.perf_counter() - t0
-    print_table("agg rows: TTFT and TPOT MAPE / median APE", columns)
+    print_table("agg rows: TTFT and TPOT MAPE / median APE (cov: all rows; clean: without "
+                "layouts larger than a node and mislabeled images)", columns)
     print(f"== revision {rev.digest} fitted on {int(usable.sum())} rows of "
           f"{', '.join(args.systems)}")
     for prm in rev.parts[0].parameters:

@@ -36,9 +36,13 @@ def test_default_applies_the_shipped_revision():
     fitted = serving_overheads(rev.part("serving_overheads"))["trtllm"]
     m = _serve()
     assert m["calibration"] == rev.digest
+    from perfcast.evidence.calibrated import calibrated_providers
+    from perfcast.hardware import load_system
+    curves = calibrated_providers(load_system("h100_sxm"), rev)
+    assert curves                    # the default revision's curves cover H100
     expect = run_serving(ServeConfig(
         model="Qwen/Qwen3-0.6B", backend=load_backend("trtllm").with_overheads(**fitted),
-        isl=256, osl=32, concurrency=4)).metrics.to_json()
+        isl=256, osl=32, concurrency=4), evidence=curves).metrics.to_json()
     assert m["ttft_ms"] == expect["ttft_ms"]
     assert m["ttft_ms"]["mean"] != _serve("--calibration", "none")["ttft_ms"]["mean"]
 

@@ -15,9 +15,10 @@ def run(*args):
 def test_json_fields_and_consistency():
     r = run("estimate", "meta-llama/Llama-3.1-70B", "--device", "h100_sxm", "--tp-size", "8",
             "--num-queries", "64", "--query-length", "1", "--context-length", "4096", "--decode",
-            "--format", "json")
+            "--format", "json", "--calibration", "none")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
+    assert doc["calibration"] == {"revision": "none", "analytic_efficiency": False}
     for key in ("latency_s", "tokens_per_s_per_device", "work", "memory_bytes", "ops"):
         assert key in doc
     assert set(doc["memory_bytes"]) >= {"weights", "kv_cache", "activations", "total", "capacity"}
@@ -69,3 +70,24 @@ def test_errors_are_one_clear_line():
     assert r.exit_code == 2 and "unknown device 'nope'" in r.output
     r = run("estimate", "Qwen/Qwen3-8B", "--decode")
     assert r.exit_code == 2 and "--context-length" in r.output
+
+
+def test_default_calibration_answers_fitted_classes_and_names_its_revision():
+    from perfcast.calibrate import default_revision
+    args = ("estimate", "meta-llama/Llama-3.1-70B", "--tp-size", "8", "--num-queries", "64",
+            "--query-length", "1", "--context-length", "4096", "--decode", "--format", "json")
+    doc = json.loads(run(*args).output)
+    digest = default_revision().digest
+    assert doc["calibration"] == {"revision": digest, "analytic_efficiency": True}
+    calibrated = [o for o in doc["ops"] if o["method"] == "calibrated"]
+    assert {o["operator"] for o in calibrated} >= {"aten.mm.default",
+                                                   "tensor_cast.attention.default"}
+    physics = {o["lineage"]: o for o in json.loads(
+        run(*args, "--calibration", "none").output)["ops"]}
+    for o in doc["ops"]:             # everything else is the physics-only answer
+        if o["method"] != "calibrated":
+            assert o["latency_s"] == physics[o["lineage"]]["latency_s"]
+    # on a system the curves were not fitted on, nothing is calibrated
+    b200 = json.loads(run(*args, "--device", "b200_sxm").output)
+    assert b200["calibration"]["analytic_efficiency"] is False
+    assert all(o["method"] != "calibrated" for o in b200["ops"])

@@ -121,7 +121,8 @@ def test_estimate_uses_measured_attention(store):
     o_proj = [op for name, op in by_op.items() if "o_proj" in name]
     assert o_proj and o_proj[0]["method"] == "measured"  # n = k = 4096 is in the slice
     plain = json.loads(run("estimate", "meta-llama/Llama-3.1-8B", "--num-queries", "2",
-                           "--query-length", "1024", "--format", "json").output)
+                           "--query-length", "1024", "--format", "json",
+                           "--calibration", "none").output)
     assert all(op["provider"] in ("roofline", "collective_model") for op in plain["ops"])
 
 

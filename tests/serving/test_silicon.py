@@ -191,3 +191,13 @@ def test_seed_reaches_the_simulated_clients():
     assert a[0].predicted and b[0].predicted
     assert a[0].pred_ttft_ms != b[0].pred_ttft_ms
     assert b[0].pred_ttft_ms == pytest.approx(a[0].pred_ttft_ms, rel=0.3)
+
+
+def test_a_deployment_may_span_the_systems_scale_up_domain():
+    # 16 GPUs: more than an HGX H100 board (8), inside a GB200 NVL72 rack (72)
+    from perfcast.serving.silicon import RowError
+    kw = dict(tp_size="16", moe_tp_size="16", attention_dp_size="1", batch_size="16")
+    cfg, _ = _agg_row(system="gb200", **kw)
+    assert cfg.pool.plan.tp == 16
+    with pytest.raises(RowError, match="exceeds one 8-GPU node"):
+        _agg_row(system="h100_sxm", **kw)

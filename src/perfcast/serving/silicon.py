@@ -214,7 +214,15 @@ def _precision(row: dict, model: ModelSpec, system: System, rules: dict
     return base, notes
 
 
-def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
+def scale_up_gpus(system: System, rules: dict) -> int:
+    """GPUs one deployment may span: the system's first (scale-up) interconnect tier's
+    group, e.g. 8 on an HGX H100 board, 72 in a GB200/GB300 NVL72 rack; the rules'
+    `nodes_gpus` when that tier declares no bound."""
+    capacity = system.tiers[0].group_capacity if system.tiers else None
+    return int(capacity) if capacity else int(rules["harness"].get("nodes_gpus", 8))
+
+
+def _agg_layout(row: dict, rules: dict, node: int) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
@@ -223,10 +231,9 @@ def _agg_layout(row: dict, rules: dict) -> tuple[ParallelPlan, int]:
     if tp < 1 or pp < 1:
         raise RowError("tp_size and pp_size must be >= 1")
     gpus = tp * pp * adp
-    node = int(rules["harness"].get("nodes_gpus", 8))
     if gpus > node:
         raise RowError(f"inconsistent layout: tp {tp} x pp {pp} x attention-dp {adp} = {gpus} "
-                       f"GPUs exceeds one {node}-GPU node (label problem)")
+                       f"GPUs exceeds one {node}-GPU node (scale-up domain) of the system")
     if ep > 1 and moe_tp * ep not in (0, tp * adp):
         raise RowError(f"inconsistent layout: moe_tp {moe_tp} x moe_ep {ep} != tp {tp} x "
                        f"attention-dp {adp}")
@@ -268,7 +275,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     harness = rules["harness"]
     mode = row["mode"].strip()
     if mode == "agg":
-        plan, adp = _agg_layout(row, rules)
+        plan, adp = _agg_layout(row, rules, scale_up_gpus(system, rules))
         conc = _int(row, "batch_size") * adp
         pool, decode_pool = Pool(plan), None
     elif mode == "disagg":
