@@ -36,8 +36,9 @@ def test_fp4_label_on_hopper_falls_back_to_the_checkpoint_and_says_so():
 
 
 def test_label_overrides_an_unquantised_checkpoint():
-    p, _ = config("Qwen/Qwen3-32B", "h100_sxm", "fp8", "")
+    p, notes = config("Qwen/Qwen3-32B", "h100_sxm", "fp8", "")
     assert p.weight == "fp8"
+    assert "precision from the row's labels: linears fp8" in notes[-1]
     p, _ = config("Qwen/Qwen3-32B", "h100_sxm", "", "", "")
     assert p.weight == "bf16"
 

@@ -174,15 +174,30 @@ def _perturbed_pass(setup: SimulationSetup, rows: list[dict], theta0: dict[str, 
     return _simulate(setup, rows, theta_overheads(theta))
 
 
+def _simulation_weight(row: dict) -> float:
+    """Rough cost of simulating a row: engine iterations grow with the output length,
+    and each iteration's bookkeeping with the requests in flight."""
+    try:
+        osl = float(row.get("osl") or 1)
+        conc = float(row.get("batch_size") or 1) * float(row.get("attention_dp_size") or 1)
+    except ValueError:
+        return 1.0
+    return max(osl, 1.0) * (1.0 + conc / 64.0)
+
+
 def _chunks(rows: Sequence[dict], n: int) -> list[list[int]]:
-    """Row indices split into n chunks, whole (system, model) groups kept together so
-    each worker's costed graphs are reused."""
+    """Row indices split into n chunks of about equal simulation cost, whole (system,
+    model) groups kept together so each worker's costed graphs are reused."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((r.get("system", ""), r.get("model_path", "")), []).append(i)
+    weight = {key: sum(_simulation_weight(rows[i]) for i in idx) for key, idx in groups.items()}
     chunks: list[list[int]] = [[] for _ in range(n)]
-    for idx in sorted(groups.values(), key=len, reverse=True):
-        min(chunks, key=len).extend(idx)
+    loads = [0.0] * n
+    for key in sorted(groups, key=weight.__getitem__, reverse=True):
+        k = loads.index(min(loads))
+        chunks[k].extend(groups[key])
+        loads[k] += weight[key]
     return [c for c in chunks if c]
 
 

@@ -205,7 +205,8 @@ def _print_revision(rev, console: Console) -> None:
                 console.print(f"  fitted on {key}: " + ", ".join(str(v) for v in val))
         table = Table()
         for col in ("parameter", "value", "std", "unit", "bounds"):
-            table.add_column(col, justify="left" if col == "parameter" else "right")
+            table.add_column(col, justify="left" if col == "parameter" else "right",
+                             no_wrap=col == "parameter")
         for p in part.parameters:
             table.add_row(p.name, f"{p.value:.4g}", "-" if p.std is None else f"{p.std:.3g}",
                           p.unit, f"[{p.lower:g}, {p.upper:g}]")

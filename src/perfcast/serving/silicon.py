@@ -211,6 +211,8 @@ def _precision(row: dict, model: ModelSpec, system: System, rules: dict
         if base.linear("moe.experts") != experts:
             base = replace(base, linear_overrides=base.linear_overrides.replace(
                 **{"moe.experts": experts}))
+    notes.append(f"precision from the row's labels: linears {base.weight}, routed experts "
+                 f"{base.linear('moe.experts')[0]}, KV cache {base.kv_cache}")
     return base, notes
 
 
