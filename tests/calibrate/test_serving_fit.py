@@ -133,3 +133,22 @@ def test_overheads_mapping_is_in_seconds_per_backend():
     theta = {"serving.vllm.step_overhead_us": 1500.0, "serving.trtllm.frontend_overhead_us": 2e4}
     assert cs.theta_overheads(theta) == {"vllm": {"step_overhead_s": 1.5e-3},
                                          "trtllm": {"frontend_overhead_s": 0.02}}
+
+
+def test_first_chunk_slopes_in_closed_form_match_the_simulator():
+    # the simulator adds first-chunk time to TTFT only; the closed form must agree with a
+    # finite difference of two real simulations
+    from pathlib import Path
+
+    from perfcast.serving.silicon import load_rules, read_rows, validate_rows
+    here = Path(__file__).resolve()
+    rows = read_rows(here.parents[1] / "fixtures" / "calibrate" / "silicon_small.csv")[-1:]
+    configs = here.parents[3] / "shared" / "reference" / "model_configs"
+    base, moved = (validate_rows(rows, configs_dir=configs,
+                                 overheads={"trtllm": {"first_chunk_overhead_s": fc}})[0]
+                   for fc in (0.0, 0.01))
+    d_ttft = (moved.pred_ttft_ms - base.pred_ttft_ms) / 1e4     # ms per us
+    d_tpot = (moved.pred_tpot_ms - base.pred_tpot_ms) / 1e4
+    closed = cs._first_chunk_slopes(rows[0], float(load_rules()["harness"]["range_ratio"]))
+    assert d_ttft == pytest.approx(closed[0], rel=1e-6)
+    assert d_tpot == pytest.approx(closed[1], rel=0.02)

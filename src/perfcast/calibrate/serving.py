@@ -326,26 +326,26 @@ def linearise(rows: Sequence[dict], *, configs_dir: Path | None, evidence_root: 
                     continue
                 d_t[i, col[name]] = (t - base_t[i]) / steps[name]
                 d_p[i, col[name]] = (p - base_p[i]) / steps[name]
+    from perfcast.serving.silicon import load_rules
+    ratio = float(load_rules()["harness"].get("range_ratio", 1.0))
     for spec in PARAMETERS:
         if spec.analytic:
             for i, r in enumerate(rows):
                 name = parameter_name(r.get("backend", "").strip(), spec.field)
                 if name in col and not reasons[i]:
-                    d_t[i, col[name]], d_p[i, col[name]] = _first_chunk_slopes(r)
+                    d_t[i, col[name]], d_p[i, col[name]] = _first_chunk_slopes(r, ratio)
     meas_t = np.array([_measured(r, "silicon_ttft_ms") for r in rows])
     meas_p = np.array([_measured(r, "silicon_tpot_ms") for r in rows])
     return LinearisedRows(rows, theta0, names, meas_t, meas_p, base_t, base_p, d_t, d_p,
                           reasons, time.perf_counter() - t0)
 
 
-def _first_chunk_slopes(row: dict) -> tuple[float, float]:
+def _first_chunk_slopes(row: dict, ratio: float) -> tuple[float, float]:
     """ms of mean TTFT and TPOT per us of first-chunk time. The simulator adds it to
     each request's TTFT and nothing else (`serving.simulator.simulate`), so the mean TTFT
     grows by it and each request's TPOT = (e2e - TTFT) / (output - 1) shrinks by
-    it / (output - 1), averaged over the harness's output lengths."""
-    from perfcast.serving.silicon import load_rules
-
-    ratio = float(load_rules()["harness"].get("range_ratio", 1.0))
+    it / (output - 1), averaged over the harness's output lengths (`ratio`: the
+    harness's length range ratio)."""
     osl = int(float(row["osl"]))
     lo = osl if ratio >= 1.0 else max(1, int(osl * ratio))
     outs = np.arange(lo, osl + 1)
