@@ -152,3 +152,13 @@ def test_first_chunk_slopes_in_closed_form_match_the_simulator():
     closed = cs._first_chunk_slopes(rows[0], float(load_rules()["harness"]["range_ratio"]))
     assert d_ttft == pytest.approx(closed[0], rel=1e-6)
     assert d_tpot == pytest.approx(closed[1], rel=0.02)
+
+
+def test_both_residual_forms_recover_the_parameters_and_unknown_ones_are_refused():
+    data, truth = synthetic(noise=0.01)
+    for residual in ("log", "relative"):
+        res = cs.fit(data, np.ones(len(data.rows), bool), cs.FitOptions(residual=residual))
+        for name in ("serving.vllm.frontend_overhead_us", "serving.trtllm.step_overhead_us"):
+            assert res.theta[name] == pytest.approx(truth[name], rel=0.1)
+    with pytest.raises(ConfigError, match="unknown residual"):
+        cs.fit(data, np.ones(len(data.rows), bool), cs.FitOptions(residual="squared"))

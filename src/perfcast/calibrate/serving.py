@@ -366,13 +366,15 @@ def _measured(row: dict, key: str) -> float:
 @dataclass(frozen=True)
 class FitOptions:
     loss: str = "soft_l1"
-    f_scale: float = 0.2            # log-error scale where the loss turns robust
+    f_scale: float = 0.2            # error scale where the loss turns robust
+    residual: str = "relative"      # relative: pred/measured - 1 (the APE the scores use); log
     pool_weight: float = 0.05       # weight of the per-backend -> pool tie
     min_train_rows: int = 30
     min_held_out_rows: int = 3
 
     def as_dict(self) -> dict:
-        return {"loss": self.loss, "f_scale": self.f_scale, "pool_weight": self.pool_weight,
+        return {"loss": self.loss, "f_scale": self.f_scale, "residual": self.residual,
+                "pool_weight": self.pool_weight,
                 "min_train_rows": self.min_train_rows,
                 "min_held_out_rows": self.min_held_out_rows}
 
@@ -410,10 +412,16 @@ def fit(data: LinearisedRows, train: np.ndarray, options: FitOptions = FitOption
     sub = _Subset(data, mask)
     w = math.sqrt(options.pool_weight * n_train / max(k, 1))
 
+    if options.residual not in ("log", "relative"):
+        raise ConfigError(f"unknown residual {options.residual!r}", field="residual",
+                          expected="log | relative")
+    error = (lambda pred, meas: np.log(pred / meas)) if options.residual == "log" else \
+        (lambda pred, meas: pred / meas - 1.0)
+
     def residuals(x: np.ndarray) -> np.ndarray:
         pool, theta = x[:m], x[m:]
         t, p = sub.predict(theta)
-        return np.concatenate([np.log(t / sub.meas_t), np.log(p / sub.meas_p),
+        return np.concatenate([error(t, sub.meas_t), error(p, sub.meas_p),
                                w * (theta - pool[pool_index]) / scale])
 
     x_scale = np.concatenate([[max(specs[f].step, 1.0) for f in fields], scale])
