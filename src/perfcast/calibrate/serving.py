@@ -201,10 +201,31 @@ def _chunks(rows: Sequence[dict], n: int) -> list[list[int]]:
     return [c for c in chunks if c]
 
 
+_POOLS: list[ProcessPoolExecutor] = []
+
+
+def _pools(n: int) -> list[ProcessPoolExecutor]:
+    """n single-process pools kept for the life of this process, so that the passes of
+    one fit (linearisation, then every CV scheme) find their costed graphs warm."""
+    if len(_POOLS) < n:
+        if not _POOLS:
+            import atexit
+            atexit.register(_shutdown_pools)
+        _POOLS.extend(ProcessPoolExecutor(max_workers=1) for _ in range(n - len(_POOLS)))
+    return _POOLS[:n]
+
+
+def _shutdown_pools() -> None:
+    for pool in _POOLS:
+        pool.shutdown(cancel_futures=True)
+    _POOLS.clear()
+
+
 def _affine_map(fn, tasks_by_chunk: list[list[tuple]], progress: Callable[[str], None] | None,
                 what: str) -> list[list]:
-    """Run each chunk's tasks in a process of its own (its costed graphs stay warm),
-    reporting progress as tasks finish."""
+    """Run each chunk's tasks in a process of its own (the same process for the same
+    chunk on every call, so its costed graphs stay warm), reporting progress as tasks
+    finish."""
     total = sum(len(t) for t in tasks_by_chunk)
     if len(tasks_by_chunk) <= 1:
         out = []
@@ -214,20 +235,20 @@ def _affine_map(fn, tasks_by_chunk: list[list[tuple]], progress: Callable[[str],
                 progress(f"{what}: {k + 1}/{total} passes")
         return [out]
     from concurrent.futures import as_completed
-    pools = [ProcessPoolExecutor(max_workers=1) for _ in tasks_by_chunk]
+    pools = _pools(len(tasks_by_chunk))
+    futures = {pools[c].submit(fn, *t): (c, k) for c, tasks in enumerate(tasks_by_chunk)
+               for k, t in enumerate(tasks)}
+    results: list[list] = [[None] * len(t) for t in tasks_by_chunk]
     try:
-        futures = {pools[c].submit(fn, *t): (c, k) for c, tasks in enumerate(tasks_by_chunk)
-                   for k, t in enumerate(tasks)}
-        results: list[list] = [[None] * len(t) for t in tasks_by_chunk]
         for done, fut in enumerate(as_completed(futures), 1):
             c, k = futures[fut]
             results[c][k] = fut.result()
             if progress:
                 progress(f"{what}: {done}/{total} passes")
-        return results
-    finally:
-        for pool in pools:
-            pool.shutdown(cancel_futures=True)
+    except BaseException:
+        _shutdown_pools()
+        raise
+    return results
 
 
 # -- data -------------------------------------------------------------------------------
@@ -495,9 +516,9 @@ def simulate_rows(data: LinearisedRows, assignments: list[tuple[list[int], dict[
                             str(evidence_root) if evidence_root else None, statistic,
                             str(analytic_revision) if analytic_revision else None)
     workers = workers or min(2, os.cpu_count() or 1)
-    everyone = sorted({i for idx, _ in assignments for i in idx})
-    chunks = [[everyone[j] for j in c] for c in _chunks([data.rows[i] for i in everyone],
-                                                        workers)]
+    everyone = {i for idx, _ in assignments for i in idx}
+    # the linearisation's chunks (all rows), so each row meets its warm worker again
+    chunks = [[i for i in c if i in everyone] for c in _chunks(data.rows, workers)]
     tasks, where = [], []
     for c in chunks:
         members = set(c)
