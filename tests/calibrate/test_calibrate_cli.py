@@ -76,3 +76,10 @@ def test_fit_refuses_kernel_observations_and_bad_digests(fitted):
     res = CliRunner().invoke(app, ["calibrate", "fit", "--observations", "0000ffff",
                                    "--observation-store", obs, "--store", cal, "--cv", "model"])
     assert res.exit_code != 0 and "0000ffff" in res.output
+
+
+def test_fit_kernels_refuses_serving_observations(fitted):
+    _, obs, cal, digest = fitted
+    res = CliRunner().invoke(app, ["calibrate", "fit-kernels", "--observations", digest,
+                                   "--observation-store", obs, "--store", cal])
+    assert res.exit_code != 0 and "holds serving observations" in res.output

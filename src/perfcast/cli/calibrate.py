@@ -30,6 +30,22 @@ class Grouping(str, Enum):
     campaign = "campaign"
 
 
+def _observation_sets(ctx: typer.Context, first: list[str], root: Optional[Path],
+                      kind: str) -> list:
+    """The observation sets `--observations D [D ...]` names (digests may follow the
+    first flag as extra arguments), all of `kind`."""
+    from perfcast.core.errors import ConfigError
+    from perfcast.observe.store import ObservationStore
+
+    store = ObservationStore(root)
+    sets = [store.get(r) for r in list(first) + [a for a in ctx.args if not a.startswith("-")]]
+    for obs in sets:
+        if obs.kind != kind:
+            raise ConfigError(f"observation set {obs.digest} holds {obs.kind} observations",
+                              field="--observations", expected=f"{kind} observations")
+    return sets
+
+
 @app.command("fit", context_settings={"allow_extra_args": True})
 def fit_command(
     ctx: typer.Context,
@@ -66,12 +82,9 @@ def fit_command(
     from perfcast.calibrate.fit_serving import fit_serving_revision
     from perfcast.calibrate.serving import FitOptions
     from perfcast.calibrate.store import CalibrationStore
-    from perfcast.observe.store import ObservationStore
 
     with user_errors():
-        refs = list(observations) + [a for a in ctx.args if not a.startswith("-")]
-        ostore = ObservationStore(observation_store)
-        sets = [ostore.get(r) for r in refs]
+        sets = _observation_sets(ctx, observations, observation_store, "serving")
         err = Console(stderr=True)
         from perfcast.calibrate.store import load_calibration
         curves = load_calibration(analytic, store=CalibrationStore(store)) if analytic else None
@@ -115,25 +128,15 @@ def fit_kernels_command(
     from perfcast.calibrate.fit_serving import code_version
     from perfcast.calibrate.revision import CalibrationRevision
     from perfcast.calibrate.store import CalibrationStore
-    from perfcast.core.errors import ConfigError
     from perfcast.hardware import load_system
-    from perfcast.observe.store import ObservationStore
 
     with user_errors():
-        refs = list(observations) + [a for a in ctx.args if not a.startswith("-")]
-        ostore = ObservationStore(observation_store)
-        sources = []
-        for ref in refs:
-            obs = ostore.get(ref)
-            if obs.kind != "kernels":
-                raise ConfigError(f"observation set {obs.digest} holds {obs.kind} observations",
-                                  field="--observations", expected="kernel observations")
-            sources.append((obs.database, load_system(obs.manifest.system)))
-        fit = fit_efficiency(sources)
+        sets = _observation_sets(ctx, observations, observation_store, "kernels")
+        fit = fit_efficiency([(obs.database, load_system(obs.manifest.system)) for obs in sets])
         part = fit.part()
         part = type(part)(name=part.name, procedure=part.procedure, parameters=part.parameters,
                           fitted_on=part.fitted_on.replace(
-                              observation_sets=tuple(ostore.resolve(r) for r in refs)),
+                              observation_sets=tuple(obs.digest for obs in sets)),
                           cv=part.cv)
         rev = CalibrationRevision(name=name, code_version=code_version(), parts=(part,))
         CalibrationStore(store).put(rev)
