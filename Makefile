@@ -9,13 +9,18 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# the demo needs the core only; the tests also need the test extras and torch (CPU build)
+$(VENV)/.installed-core: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e '.[test,torch]'
-	touch $@
+	touch $@ $(VENV)/.installed-core
 
 venv: $(VENV)/.installed
 
-demo: venv
+demo: $(VENV)/.installed-core
 	$(BIN)/perfcast estimate meta-llama/Llama-3.1-8B --device h100_sxm --tp-size 1 --num-queries 1 --query-length 2048
 	$(BIN)/perfcast estimate meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --num-queries 64 --query-length 1 --context-length 4096 --decode
 	$(BIN)/perfcast serve meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --concurrency 64 --isl 1024 --osl 1024
