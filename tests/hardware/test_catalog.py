@@ -83,3 +83,80 @@ def test_missing_field_and_unknown_dtype(tmp_path):
 def test_unknown_device_name():
     with pytest.raises(ConfigError, match="unknown device 'h999'"):
         load_system("h999")
+
+
+# -- strict loading: unknown keys and zero rates are refused, naming file and field --
+def _strict_valid():
+    data = _valid()
+    data["comm_grid"] = {"shape": [8], "tiers": [{"topology_tier": 0, "interconnect": "link"}]}
+    return data
+
+
+def _load(tmp_path, edit):
+    data = _strict_valid()
+    edit(data)
+    p = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_system(p)
+    msg = str(err.value)
+    assert str(p) in msg
+    return msg
+
+
+def test_the_valid_file_loads(tmp_path):
+    p = _write(tmp_path, _strict_valid())
+    assert load_system(p).name == "round"
+
+
+@pytest.mark.parametrize("where, key, field", [
+    ((), "efficency", "efficency"),
+    (("device",), "hbm", "device.hbm"),
+    (("device", "memory"), "bandwith_gb_per_s", "device.memory.bandwith_gb_per_s"),
+    (("device", "matrix_engine"), "peak_tflop", "device.matrix_engine.peak_tflop"),
+    (("efficiency",), "matrx", "efficiency.matrx"),
+    (("interconnect", 0), "latency", "interconnect[0].latency"),
+    (("comm_grid",), "shapes", "comm_grid.shapes"),
+    (("comm_grid", "tiers", 0), "tier", "comm_grid.tiers[0].tier"),
+])
+def test_unknown_keys_name_the_key_and_the_known_ones(tmp_path, where, key, field):
+    def edit(data):
+        node = data
+        for k in where:
+            node = node[k]
+        node[key] = 1
+    msg = _load(tmp_path, edit)
+    assert f"unknown key {key!r}" in msg and field in msg and "keys among" in msg
+
+
+def test_unknown_top_level_key_lists_the_known_keys(tmp_path):
+    msg = _load(tmp_path, lambda d: d.update(efficency={"matrix": 0.5}))
+    for known in ("efficiency", "interconnect", "device", "comm_grid"):
+        assert known in msg
+
+
+@pytest.mark.parametrize("path", [
+    ("device", "memory", "bandwidth_gb_per_s"),
+    ("device", "memory", "capacity_gib"),
+    ("device", "matrix_engine", "peak_tflops", "bf16"),
+    ("device", "vector_engine", "peak_tflops", "fp32"),
+    ("interconnect", 0, "bandwidth_gb_per_s"),
+])
+def test_zero_rates_and_bandwidths_are_refused_at_load(tmp_path, path):
+    def edit(data):
+        node = data
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = 0
+    msg = _load(tmp_path, edit)
+    assert "a positive number" in msg
+    assert ".".join(str(p) for p in path if not isinstance(p, int)).split(".")[-1] in msg
+
+
+def test_zero_group_capacity_is_refused(tmp_path):
+    msg = _load(tmp_path, lambda d: d["interconnect"][0].update(group_capacity=0))
+    assert "interconnect[0].group_capacity" in msg
+
+
+@pytest.mark.parametrize("name", available_devices())
+def test_every_shipped_device_passes_the_strict_loader(name):
+    assert load_system(name).device.memory.bw_bytes_per_s > 0

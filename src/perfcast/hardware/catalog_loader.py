@@ -27,6 +27,20 @@ _CATALOG_PACKAGE = "perfcast.hardware"
 _ALIASES_FILE = "aliases.yaml"
 _ENGINE_KEYS = {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"}
 _TOPOLOGIES = {"switch", "ring", "full_mesh", "torus", "fat_tree"}
+# the keys each mapping of a device file may hold (anything else is a typo or a field
+# this loader does not read; both are refused rather than silently defaulted)
+_KEYS = {
+    "": {"name", "description", "vendor", "sources", "device", "efficiency", "interconnect",
+         "comm_grid"},
+    "device": {"matrix_engine", "vector_engine", "memory", "launch_overhead_us"},
+    "engine": {"peak_tflops"},
+    "device.memory": {"capacity_gib", "bandwidth_gb_per_s"},
+    "efficiency": {"matrix", "vector", "memory"},
+    "interconnect": {"name", "bandwidth_gb_per_s", "latency_us", "efficiency", "topology",
+                     "group_capacity"},
+    "comm_grid": {"shape", "tiers"},
+    "comm_grid.tiers": {"topology_tier", "interconnect"},
+}
 TERA = 1e12
 GIGA = 1e9
 MICRO = 1e-6
@@ -104,6 +118,25 @@ class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
 
+    def known_keys(self, node: Any, path: str, group: str) -> None:
+        """Refuse keys of mapping `node` (at `path`) outside `_KEYS[group]`."""
+        if not isinstance(node, dict):
+            return
+        known = _KEYS[group]
+        unknown = sorted(str(k) for k in node if k not in known)
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r}", source=self.source,
+                              field=f"{path}.{unknown[0]}" if path else unknown[0],
+                              expected="keys among " + ", ".join(sorted(known)))
+
+    def positive(self, node: Any, key: str, path: str, why: str) -> float:
+        """A required number > 0 (a zero rate or bandwidth would divide by zero later)."""
+        value = self.get(node, key, path, "number")
+        if value <= 0:
+            raise ConfigError(f"is {value:g}", source=self.source, field=f"{path}.{key}",
+                              expected=f"a positive number ({why})")
+        return value
+
     def get(self, node: Any, key: str, path: str, kind: str, *, required: bool = True,
             default: Any = None) -> Any:
         if not isinstance(node, dict):
@@ -148,6 +181,7 @@ class _Reader:
 
 
 def _engine(r: _Reader, node: dict, path: str, kind: EngineKind) -> Engine:
+    r.known_keys(node, path, "engine")
     peaks = r.get(node, "peak_tflops", path, "mapping")
     rates: dict[str, float] = {}
     for key in peaks:
@@ -155,7 +189,9 @@ def _engine(r: _Reader, node: dict, path: str, kind: EngineKind) -> Engine:
             raise ConfigError(f"unknown dtype key {key!r}", source=r.source,
                               field=f"{path}.peak_tflops",
                               expected="keys among " + ", ".join(sorted(_ENGINE_KEYS)))
-        rates[DType(key).value] = r.get(peaks, key, f"{path}.peak_tflops", "number") * TERA
+        rates[DType(key).value] = r.positive(peaks, key, f"{path}.peak_tflops",
+                                             "a peak rate; leave out a dtype the engine "
+                                             "has no path for") * TERA
     if not rates:
         raise ConfigError("is empty", source=r.source, field=f"{path}.peak_tflops",
                           expected="at least one dtype rate")
@@ -166,11 +202,13 @@ def system_from_mapping(data: Any, source: str, expected_name: str | None = None
     r = _Reader(source)
     if not isinstance(data, dict):
         raise ConfigError("top level is not a mapping", source=source, expected="a mapping")
+    r.known_keys(data, "", "")
     name = r.get(data, "name", "", "str")
     if expected_name is not None and name != expected_name:
         raise ConfigError(f"name {name!r} differs from the file stem {expected_name!r}",
                           source=source, field="name")
     dev = r.get(data, "device", "", "mapping")
+    r.known_keys(dev, "device", "device")
     engines = {EngineKind.MATRIX.value: _engine(r, r.get(dev, "matrix_engine", "device", "mapping"),
                                                 "device.matrix_engine", EngineKind.MATRIX),
                EngineKind.VECTOR.value: _engine(r, r.get(dev, "vector_engine", "device", "mapping"),
@@ -179,13 +217,17 @@ def system_from_mapping(data: Any, source: str, expected_name: str | None = None
         raise ConfigError("has no fp32 rate", source=source, field="device.vector_engine.peak_tflops",
                           expected="an fp32 entry")
     mem = r.get(dev, "memory", "device", "mapping")
+    r.known_keys(mem, "device.memory", "device.memory")
     memory = MemorySpec(
-        capacity_bytes=int(r.get(mem, "capacity_gib", "device.memory", "number") * 2**30),
-        bw_bytes_per_s=r.get(mem, "bandwidth_gb_per_s", "device.memory", "number") * GIGA)
+        capacity_bytes=int(r.positive(mem, "capacity_gib", "device.memory",
+                                      "memory capacity") * 2**30),
+        bw_bytes_per_s=r.positive(mem, "bandwidth_gb_per_s", "device.memory",
+                                  "memory bandwidth") * GIGA)
     device = Device(name=name, vendor=r.get(data, "vendor", "", "str"),
                     engines=FrozenDict(engines), memory=memory,
                     launch_overhead_s=r.get(dev, "launch_overhead_us", "device", "number") * MICRO)
     eff_node = r.get(data, "efficiency", "", "mapping", required=False, default={})
+    r.known_keys(eff_node, "efficiency", "efficiency")
     eff = Efficiency(**{k: r.get(eff_node, k, "efficiency", "number", required=False,
                                  default=getattr(Efficiency(), k))
                         for k in ("matrix", "vector", "memory")})
@@ -196,18 +238,23 @@ def system_from_mapping(data: Any, source: str, expected_name: str | None = None
     tiers = []
     for i, node in enumerate(r.get(data, "interconnect", "", "list")):
         path = f"interconnect[{i}]"
+        r.known_keys(node, path, "interconnect")
         topology = r.get(node, "topology", path, "str")
         if topology not in _TOPOLOGIES:
             raise ConfigError(f"unknown topology {topology!r}", source=source,
                               field=f"{path}.topology", expected=" | ".join(sorted(_TOPOLOGIES)))
         capacity = r.get(node, "group_capacity", path, "int", required=False)
+        if capacity is not None and capacity < 1:
+            raise ConfigError(f"is {capacity}", source=source, field=f"{path}.group_capacity",
+                              expected="a positive device count, or null for unbounded")
         efficiency = r.get(node, "efficiency", path, "number", required=False, default=0.8)
         if not 0 < efficiency <= 1:
             raise ConfigError(f"is {efficiency}", source=source, field=f"{path}.efficiency",
                               expected="a fraction in (0, 1]")
         tiers.append(InterconnectTier(
             name=r.get(node, "name", path, "str"),
-            bw_bytes_per_s=r.get(node, "bandwidth_gb_per_s", path, "number") * GIGA,
+            bw_bytes_per_s=r.positive(node, "bandwidth_gb_per_s", path,
+                                      "link bandwidth") * GIGA,
             latency_s=r.get(node, "latency_us", path, "number") * MICRO,
             efficiency=efficiency, topology=topology, group_capacity=capacity))
     sources = r.get(data, "sources", "", "list", required=False, default=[])
@@ -223,6 +270,7 @@ def _comm_grid(r: _Reader, data: dict, tier_names: set[str]) -> CommGrid | None:
     node = r.get(data, "comm_grid", "", "mapping", required=False)
     if node is None:
         return None
+    r.known_keys(node, "comm_grid", "comm_grid")
     shape = r.get(node, "shape", "comm_grid", "list")
     if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
         raise ConfigError(f"has value {shape!r}", source=r.source, field="comm_grid.shape",
@@ -230,6 +278,7 @@ def _comm_grid(r: _Reader, data: dict, tier_names: set[str]) -> CommGrid | None:
     tiers: dict[int, str] = {}
     for i, t in enumerate(r.get(node, "tiers", "comm_grid", "list")):
         path = f"comm_grid.tiers[{i}]"
+        r.known_keys(t, path, "comm_grid.tiers")
         key = r.get(t, "topology_tier", path, "int")
         name = r.get(t, "interconnect", path, "str")
         if not 0 <= key < len(shape):
