@@ -38,6 +38,9 @@ class ModelSpec(Record):
     source: str = ""
     # hf_quant_config.json found next to the config (ModelOpt checkpoints), else empty
     quant_config: FrozenDict[str, Any] = field(default_factory=FrozenDict)
+    # what the loader wants the user to know (e.g. custom model code it does not run);
+    # not part of the digest
+    notes: tuple[str, ...] = field(default=(), metadata={"canonical": False})
 
     DIGEST_DOMAIN = "perfcast.ModelSpec"
 
@@ -67,6 +70,72 @@ def quant_config_path(config_path: Path) -> Path:
     if name.endswith("config.json"):
         return config_path.with_name(name[: -len("config.json")] + "hf_quant_config.json")
     return config_path.with_name(config_path.stem + QUANT_SUFFIX)
+
+
+# Upper bounds on config sizes. The largest published configs have hidden 16384, vocabulary
+# 262144, 126 layers, 128 heads and 896 experts; a config far beyond that is a typo
+# (vocab_size 1e12) that would otherwise cost hours of simulation.
+SIZE_BOUNDS = {"hidden_size": 2**17, "num_attention_heads": 2**12, "num_key_value_heads": 2**12,
+               "num_hidden_layers": 2**12, "vocab_size": 2**24, "intermediate_size": 2**20,
+               "head_dim": 2**12, "moe_intermediate_size": 2**20, "num_experts": 2**16}
+# Weights at one byte per parameter must fit in 32 TiB: more than the HBM of the largest
+# scale-up domain of any catalog system (GB300 NVL72: 72 x 279 GiB, about 20 TiB).
+MAX_WEIGHT_BYTES = 2**45
+_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+_MLA_HEAD_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+REMOTE_CODE_KEYS = ("auto_map", "trust_remote_code")
+
+
+def _check_bounds(cfg: dict, source: str, sizes: dict[str, int]) -> None:
+    """Refuse sizes no device could hold (see SIZE_BOUNDS, MAX_WEIGHT_BYTES)."""
+    experts = next((cfg[k] for k in _EXPERT_KEYS if isinstance(cfg.get(k), int)), 0)
+    moe_inter = cfg.get("moe_intermediate_size")
+    values = {**sizes, "num_experts": experts,
+              "moe_intermediate_size": moe_inter if isinstance(moe_inter, int) else 0}
+    for key, value in values.items():
+        if value > SIZE_BOUNDS[key]:
+            raise ConfigError(f"has value {value}", source=source, field=key,
+                              expected=f"at most {SIZE_BOUNDS[key]} (far beyond any published "
+                                       "model; perfcast bounds sizes so a typo cannot run "
+                                       "for hours)")
+    h, inter = sizes["hidden_size"], sizes["intermediate_size"]
+    per_layer = 4 * h * h + 3 * h * inter + 3 * h * values["moe_intermediate_size"] * experts
+    weights = sizes["num_hidden_layers"] * per_layer + 2 * sizes["vocab_size"] * h
+    if weights > MAX_WEIGHT_BYTES:
+        raise ConfigError(
+            f"describes about {weights:.3g} parameters (hidden_size={h}, num_hidden_layers="
+            f"{sizes['num_hidden_layers']}, intermediate_size={inter}, vocab_size="
+            f"{sizes['vocab_size']}, experts={experts})", source=source, field="hidden_size",
+            expected=f"weights under {MAX_WEIGHT_BYTES / 2**40:.0f} TiB at one byte per "
+                     "parameter: more than the memory of the largest scale-up domain any "
+                     "device catalog system has")
+
+
+def _head_dim(cfg: dict, hidden: int, heads: int, source: str) -> int:
+    """`head_dim`, or hidden_size / num_attention_heads when it divides evenly (MLA
+    configs give their own head dims and do not use this one)."""
+    head_dim = cfg.get("head_dim")
+    if head_dim is None or head_dim == 0:
+        if hidden % heads and not any(k in cfg for k in _MLA_HEAD_KEYS):
+            raise ConfigError(f"hidden_size={hidden} is not a multiple of num_attention_heads="
+                              f"{heads} and the config gives no head_dim", source=source,
+                              field="head_dim", expected="an explicit head_dim, or "
+                              "hidden_size divisible by num_attention_heads")
+        head_dim = hidden // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ConfigError(f"has value {head_dim!r}", source=source, field="head_dim",
+                          expected="a positive integer")
+    return head_dim
+
+
+def remote_code_note(cfg: dict, source: str) -> str:
+    """A note when the config asks for custom model code (perfcast never runs it)."""
+    keys = [k for k in REMOTE_CODE_KEYS if cfg.get(k)]
+    if not keys:
+        return ""
+    return (f"{source}: {' / '.join(keys)} names custom model code; perfcast never runs model "
+            f"code: the work is built from the config's fields for model_type "
+            f"{cfg.get('model_type')!r}")
 
 
 def _require(cfg: dict, key: str, source: str, kind: type | tuple = int) -> Any:
@@ -104,7 +173,9 @@ def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>"
     """Validate a parsed config.json and build a ModelSpec. Errors name file and field."""
     if not isinstance(cfg, dict):
         raise ConfigError("top level is not a JSON object", source=source)
+    note = remote_code_note(cfg, source)
     cfg = _text_config(cfg)
+    note = note or remote_code_note(cfg, source)
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("is missing", source=source, field="model_type", expected="a string")
@@ -119,14 +190,15 @@ def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>"
     if heads % kv_heads:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of it ({kv_heads})",
                           source=source, field="num_key_value_heads")
-    head_dim = cfg.get("head_dim") or hidden // heads
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-        raise ConfigError(f"has value {head_dim!r}", source=source, field="head_dim",
-                          expected="a positive integer")
+    head_dim = _head_dim(cfg, hidden, heads, source)
     intermediate = cfg.get("intermediate_size") or 0
     if isinstance(intermediate, bool) or not isinstance(intermediate, int) or intermediate < 0:
         raise ConfigError(f"has value {intermediate!r}", source=source,
                           field="intermediate_size", expected="a non-negative integer")
+    _check_bounds(cfg, source, {"hidden_size": hidden, "num_attention_heads": heads,
+                                "num_key_value_heads": kv_heads, "num_hidden_layers": layers,
+                                "vocab_size": vocab, "intermediate_size": intermediate,
+                                "head_dim": head_dim})
     dtype_text = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     try:
         weight_dtype = parse_dtype(dtype_text, source=source, field="torch_dtype")
@@ -146,7 +218,8 @@ def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>"
         weight_dtype=weight_dtype.value, hidden_act=str(cfg.get("hidden_act", "silu")),
         attention_bias=bool(cfg.get("attention_bias", False)),
         sliding_window=window if isinstance(window, int) and window > 0 else None,
-        raw=freeze(cfg), source=source, quant_config=freeze(quant_config or {}))
+        raw=freeze(cfg), source=source, quant_config=freeze(quant_config or {}),
+        notes=(note,) if note else ())
 
 
 def load_model_spec(model: str | Path) -> ModelSpec:
