@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import (
     CostQuery,
@@ -33,3 +37,24 @@ def gemm_query(m, n, k, *, dtype: str = "bf16", runtime: str = "", revision: str
                      dims=FrozenDict(dims),
                      context=CostQueryContext(runtime=runtime, runtime_revision=revision,
                                               implementation=implementation))
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """`rows` as a table file of the format `path`'s suffix names (csv, json, jsonl,
+    parquet)."""
+    fmt = path.suffix[1:]
+    if fmt == "csv":
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    elif fmt == "json":
+        path.write_text(json.dumps(rows))
+    elif fmt == "jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
-from evidence_helpers import gemm_query
+from evidence_helpers import gemm_query, write_rows
 
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
@@ -42,22 +41,7 @@ ROWS = [{"run_id": "a", "collective": "all_reduce", "dtype": "bfloat16", "bytes"
 
 
 def write(tmp_path, fmt, rows=ROWS):
-    path = tmp_path / f"sim.{fmt}"
-    if fmt == "csv":
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-    elif fmt == "json":
-        path.write_text(json.dumps(rows))
-    elif fmt == "jsonl":
-        path.write_text("\n".join(json.dumps(r) for r in rows))
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+    return write_rows(tmp_path / f"sim.{fmt}", rows)
 
 
 def comm_query(op, mb, p):

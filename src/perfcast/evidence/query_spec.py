@@ -11,6 +11,7 @@ from the dims with the workload layer's formulas for gemm and attention.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from perfcast.core.dtypes import dtype_bytes, parse_dtype
@@ -66,32 +67,74 @@ def work_facts(operation: str, dtype: str, dims: Mapping[str, DimValue]) -> dict
     return {}
 
 
-def build_query(spec: Mapping, *, source: str = "query") -> CostQuery:
+STRING_FIELDS = ("operation", "hardware", "dtype", "runtime", "runtime_version",
+                 "implementation", "engine")
+ENGINES = ("matrix", "vector")
+
+
+def check_dims(dims: Mapping, *, source: str, prefix: str = "dims.") -> None:
+    """Every dimension a number, string or boolean; every number finite and > 0 (a shape,
+    count or size: zero or negative is never a real query)."""
+    for key, value in dims.items():
+        if not isinstance(value, (int, float, str, bool)):
+            raise ConfigError(f"dimension value {value!r}", source=source, field=f"{prefix}{key}",
+                              expected="a number, string or boolean")
+        if isinstance(value, bool) or isinstance(value, str):
+            continue
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"dimension {key}={value!r} is not a positive number",
+                              source=source, field=f"{prefix}{key}",
+                              expected="a finite number > 0")
+
+
+def build_query(spec: Mapping, *, source: str = "query",
+                default_hardware: str = "h100_sxm") -> CostQuery:
+    """Every field of `spec` is part of the query; one that cannot be honoured is a
+    ConfigError naming it. `hardware` defaults to `default_hardware`."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"expected a JSON object, found {type(spec).__name__}", source=source)
     unknown = set(spec) - FIELDS
     if unknown:
         raise ConfigError(f"unknown field(s) {sorted(unknown)}", source=source,
                           expected="fields " + ", ".join(sorted(FIELDS)))
+    for key in STRING_FIELDS:
+        if key in spec and not isinstance(spec[key], str):
+            raise ConfigError(f"{spec[key]!r} is not a string", source=source, field=key)
     operation = spec.get("operation")
     if not operation:
         raise ConfigError("missing operation", source=source, field="operation")
     dtype = parse_dtype(spec.get("dtype", "bf16"), source=source, field="dtype").value
+    if not isinstance(spec.get("dims") or {}, Mapping):
+        raise ConfigError("expected an object of NAME: VALUE", source=source, field="dims")
     dims = dict(spec.get("dims") or {})
-    for key, value in dims.items():
-        if not isinstance(value, (int, float, str, bool)):
-            raise ConfigError(f"dimension value {value!r}", source=source, field=f"dims.{key}",
-                              expected="a number, string or boolean")
+    check_dims(dims, source=source)
     if "kv_dtype" in dims:
         dims["kv_dtype"] = parse_dtype(dims["kv_dtype"], source=source,
                                        field="dims.kv_dtype").value
-    ctx = CostQueryContext(runtime=str(spec.get("runtime", "")),
-                           runtime_revision=str(spec.get("runtime_version", "")),
-                           implementation=str(spec.get("implementation", "")),
-                           implementations=FrozenDict(spec.get("implementations") or {}))
-    common = dict(operation=operation, hardware=str(spec.get("hardware", "h100_sxm")),
+    impls = spec.get("implementations") or {}
+    if not isinstance(impls, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in impls.items()):
+        raise ConfigError(f"{impls!r}", source=source, field="implementations",
+                          expected="an object of operation (or operation@dtype): kernel name")
+    ctx = CostQueryContext(runtime=spec.get("runtime", ""),
+                           runtime_revision=spec.get("runtime_version", ""),
+                           implementation=spec.get("implementation", ""),
+                           implementations=FrozenDict(impls))
+    common = dict(operation=operation, hardware=spec.get("hardware") or default_hardware,
                   dtype=dtype, dims=FrozenDict(dims), context=ctx)
+    engine = spec.get("engine")
     if operation in COLLECTIVES:
+        if engine not in (None, "network"):
+            raise ConfigError(f"engine {engine!r} for the collective {operation}",
+                              source=source, field="engine", expected="network (or none)")
+        if "participants" in dims and type(dims["participants"]) is not int:
+            raise ConfigError(f"participants {dims['participants']!r}", source=source,
+                              field="dims.participants", expected="an integer")
         return CostQuery(subject=CostSubject.COMMUNICATION, engine="network",
                          message_bytes=float(dims.get("message_bytes", 0)),
                          participants=int(dims.get("participants", 0)), **common)
-    return CostQuery(subject=CostSubject.OPERATOR, engine=str(spec.get("engine", "matrix")),
+    if engine is not None and engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}", source=source, field="engine",
+                          expected=" | ".join(ENGINES))
+    return CostQuery(subject=CostSubject.OPERATOR, engine=engine or "matrix",
                      **work_facts(operation, dtype, dims), **common)

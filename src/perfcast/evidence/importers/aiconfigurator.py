@@ -43,8 +43,11 @@ from perfcast.evidence.contracts import CostSubject, EstimateMethod
 from perfcast.evidence.database import PerformanceDatabase, selector_column
 from perfcast.evidence.importers.common import (
     canonical_dtypes,
+    check_device_column,
     const,
+    device_systems,
     file_digest,
+    first_null,
     latency_seconds,
     require_columns,
     row_ids,
@@ -62,6 +65,9 @@ LIBRARY_VERSION_KEY = {"nccl": "nccl_version"}
 # Upstream collective names -> perfcast operations.
 COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather",
                "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all"}
+
+# selectors present only where they differ from the plain case (null elsewhere)
+OPTIONAL_SELECTORS = frozenset({"window", "beam_width", "backend"})
 
 Column = Callable[[pa.Table, str], "tuple[pa.Array, str] | None"]
 
@@ -108,12 +114,24 @@ def first_text(*names: str) -> Column:
 
 def message_bytes(size: str, dtype_col: str) -> Column:
     def f(t: pa.Table, src: str):
+        if t.column(size).null_count:
+            raise ConfigError(f"row {first_null(t.column(size))}: empty value", source=src,
+                              field=size)
         dts = canonical_dtypes(t.column(dtype_col), source=src, field=dtype_col,
                                aliases=DTYPE_ALIASES)
         per = np.array([dtype_bytes(d) for d in dts.to_pylist()], dtype=np.float64)
         sizes = np.asarray(t.column(size).to_numpy(), dtype=np.float64)
         return pa.array((sizes * per).astype(np.int64)), "int"
     return f
+
+
+def _first_fraction(arr: pa.Array) -> str:
+    """' (row i: v)' for the first value that is not a whole number, else ''."""
+    if not (pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)):
+        return ""
+    values = np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
+    bad = ~np.isfinite(values) | (values != np.round(values))
+    return f" (row {int(np.argmax(bad))}: {values[int(np.argmax(bad))]!r})" if bad.any() else ""
 
 
 @dataclass(frozen=True)
@@ -176,10 +194,12 @@ TABLES: dict[str, TableMapping] = {
 }
 
 
-def import_table(path: str | Path, *, hardware: str, framework: str, version: str,
+def import_table(path: str | Path, *, hardware: str | None, framework: str, version: str,
                  table_name: str | None = None, source_revision: str = "",
                  status: str = "") -> PerformanceDatabase:
-    """One AIConfigurator Parquet table -> a database (all-or-nothing)."""
+    """One AIConfigurator Parquet table -> a database (all-or-nothing). The rows are
+    labelled `hardware`; a `device` column naming another model is an error. With
+    `hardware=None` the system is the one the `device` column names."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -197,6 +217,7 @@ def import_table(path: str | Path, *, hardware: str, framework: str, version: st
     n = table.num_rows
     if n == 0:
         raise ConfigError("table has no rows", source=src)
+    hardware = table_system(table, hardware, src)
     columns: dict[str, pa.Array] = {}
     for key, make in mapping.selectors:
         made = make(table, src)
@@ -205,13 +226,23 @@ def import_table(path: str | Path, *, hardware: str, framework: str, version: st
         arr, kind = made
         if arr.null_count == len(arr):
             continue
-        if kind == "int" and arr.null_count == 0 and not pa.types.is_integer(arr.type):
-            raise ConfigError(f"expected integers, found {arr.type}", source=src, field=key)
+        if arr.null_count and key not in OPTIONAL_SELECTORS:
+            raise ConfigError(f"row {first_null(arr)}: empty value", source=src, field=key)
+        if kind == "int" and not pa.types.is_integer(arr.type):
+            raise ConfigError(f"expected integers, found {arr.type}{_first_fraction(arr)}",
+                              source=src, field=key)
+        if kind == "int" and key not in OPTIONAL_SELECTORS:
+            small = np.asarray(arr.to_numpy(zero_copy_only=False)) <= 0
+            if small.any():
+                row = int(np.argmax(small))
+                raise ConfigError(f"row {row}: {arr[row].as_py()} is not a positive size",
+                                  source=src, field=key, expected="an integer > 0")
         columns[selector_column(key, kind)] = arr
     fw = framework.lower()
     impl = table.column("kernel_source").combine_chunks().cast(pa.string())
     if impl.null_count:
-        raise ConfigError("empty kernel_source", source=src, field="kernel_source")
+        raise ConfigError(f"row {first_null(impl)}: empty kernel_source", source=src,
+                          field="kernel_source")
     columns[selector_column("implementation", "str")] = impl
     if fw in LIBRARY_VERSION_KEY:
         columns[selector_column(LIBRARY_VERSION_KEY[fw], "str")] = const(version, n)
@@ -219,11 +250,19 @@ def import_table(path: str | Path, *, hardware: str, framework: str, version: st
         columns[selector_column("runtime", "str")] = const(fw, n)
         columns[selector_column("runtime_revision", "str")] = const(version, n)
     if mapping.operation is None:
-        ops = table.column("op_name").combine_chunks().cast(pa.string()).dictionary_encode()
-        unknown = sorted(set(ops.dictionary.to_pylist()) - set(COLLECTIVES))
+        ops = table.column("op_name").combine_chunks().cast(pa.string())
+        if ops.null_count:
+            raise ConfigError(f"row {first_null(ops)}: empty op_name", source=src,
+                              field="op_name")
+        ops = ops.dictionary_encode()
+        names = ops.dictionary.to_pylist()
+        unknown = [i for i, o in enumerate(names) if o not in COLLECTIVES]
         if unknown:
-            raise ConfigError(f"unknown collective(s) {unknown}", source=src, field="op_name",
-                              expected="one of " + ", ".join(COLLECTIVES))
+            codes = np.asarray(ops.indices.to_numpy(zero_copy_only=False))
+            row = int(np.flatnonzero(np.isin(codes, unknown))[0])
+            raise ConfigError(f"row {row}: unknown collective(s) "
+                              f"{sorted(names[i] for i in unknown)}", source=src,
+                              field="op_name", expected="one of " + ", ".join(COLLECTIVES))
         operation = pa.DictionaryArray.from_arrays(
             ops.indices, pa.array([COLLECTIVES[o] for o in ops.dictionary.to_pylist()])
         ).cast(pa.string())
@@ -256,6 +295,41 @@ def import_table(path: str | Path, *, hardware: str, framework: str, version: st
                                             sources=[source])
 
 
+def table_system(table: pa.Table, hardware: str | None, src: str) -> str:
+    """`hardware` checked against the table's `device` column, or (None) the one system
+    that column names."""
+    has_device = "device" in table.column_names
+    if hardware is not None:
+        if has_device:
+            check_device_column(table.column("device"), hardware=hardware, source=src)
+        return hardware
+    named = set()
+    if has_device:
+        for device in pc.unique(table.column("device").combine_chunks()).to_pylist():
+            named |= device_systems(str(device))
+    if len(named) != 1:
+        found = f"its device column names {sorted(named)}" if named else \
+            "no system in its folder names and no known device column"
+        raise ConfigError(f"cannot tell which system the table was measured on ({found})",
+                          source=src, field="device",
+                          expected="--system <catalog id>, or the AIConfigurator layout "
+                                   "<system>/<family>/<framework>/<version>")
+    return named.pop()
+
+
+def folder_system(version_folder: Path) -> str | None:
+    """The catalog name of `<system>` in `<system>/<family>/<framework>/<version>`, or
+    None when that folder is not named after a catalog device (or an alias of one)."""
+    from perfcast.hardware.catalog_loader import resolve_device_name
+
+    if len(version_folder.parts) < 4:
+        return None
+    try:
+        return resolve_device_name(version_folder.parents[2].name)
+    except ConfigError:
+        return None
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -275,56 +349,104 @@ def version_folders(root: Path) -> list[Path]:
     return found
 
 
-def import_system(root: str | Path, *, hardware: str,
-                  tables: tuple[str, ...] | None = None) -> PerformanceDatabase:
+def _plan(folder: Path, root: Path, wanted: set[str]) -> tuple[list[tuple[Path, dict]],
+                                                               list[dict]]:
+    """(table file, import_table keywords) to import and the skipped files with reasons,
+    for one version folder."""
+    def rel(path: Path) -> str:
+        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+    todo: list[tuple[Path, dict]] = []
+    skipped: list[dict] = []
+    framework, version = folder.parent.name, folder.name
+    listed: set[str] = set()
+    meta_path = folder / "collection_meta.yaml"
+    if meta_path.exists():
+        meta = _read_yaml(meta_path)
+        runtime = meta.get("runtime") or {}
+        framework = str(runtime.get("framework", framework))
+        version = str(runtime.get("version", version))
+        for table, info in sorted((meta.get("tables") or {}).items()):
+            listed.add(table)
+            status = str((info or {}).get("status", ""))
+            path = folder / f"{table}.parquet"
+            reason = "unsupported table" if table not in TABLES else \
+                "not requested" if table not in wanted else \
+                "file missing" if not path.exists() else ""
+            if reason:
+                skipped.append({"path": rel(path), "reason": reason})
+                continue
+            todo.append((path, dict(framework=framework, version=version, table_name=table,
+                                    status=status)))
+    reuse_path = folder / "reuse.yaml"
+    if reuse_path.exists():
+        for entry in _read_yaml(reuse_path).get("reuse") or []:
+            table = str(entry.get("table", ""))
+            donor = str(entry.get("from_version", ""))
+            listed.add(table)
+            path = folder.parent / donor / f"{table}.parquet"
+            if table not in TABLES or table not in wanted:
+                skipped.append({"path": rel(folder / f"{table}.parquet"),
+                                "reason": "unsupported table" if table not in TABLES
+                                else "not requested"})
+                continue
+            if not path.exists():
+                raise ConfigError(f"reuse of {table} from {donor}: {path} does not exist",
+                                  source=str(reuse_path), field="from_version")
+            rev = f"{'/'.join(folder.parts[-3:])} (reuses {donor})"
+            todo.append((path, dict(framework=framework, version=version, table_name=table,
+                                    source_revision=rev)))
+    for path in sorted(folder.glob("*.parquet")):
+        if path.stem not in listed:
+            skipped.append({"path": rel(path),
+                            "reason": "not listed in collection_meta.yaml or reuse.yaml"})
+    return todo, skipped
+
+
+def import_system(root: str | Path, *, hardware: str | None = None,
+                  tables: tuple[str, ...] | None = None,
+                  progress: Callable[[str, int, int], None] | None = None
+                  ) -> PerformanceDatabase:
     """Every supported table of a system folder (or of one family/framework/version
     folder). `collection_meta.yaml` names the runtime; `reuse.yaml` borrows tables.
-    Unsupported tables are listed in the manifest as skipped."""
+    Unsupported tables are listed in the manifest as skipped.
+
+    The system is the `<system>` folder of the layout when it is named after a catalog
+    device, else the one the tables' `device` column names. A given `hardware` that
+    contradicts either is an error. `progress(table, done, total)` is called before
+    each table."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError("not a folder", source=str(root),
                           expected="an AIConfigurator system folder")
     wanted = set(tables or TABLES)
-    parts: list[PerformanceDatabase] = []
+    todo: list[tuple[Path, dict, Path]] = []
     skipped: list[dict] = []
     for folder in version_folders(root):
-        framework, version = folder.parent.name, folder.name
-        meta_path = folder / "collection_meta.yaml"
-        if meta_path.exists():
-            meta = _read_yaml(meta_path)
-            runtime = meta.get("runtime") or {}
-            framework = str(runtime.get("framework", framework))
-            version = str(runtime.get("version", version))
-            for table, info in sorted((meta.get("tables") or {}).items()):
-                status = str((info or {}).get("status", ""))
-                path = folder / f"{table}.parquet"
-                if table not in TABLES or table not in wanted or not path.exists():
-                    skipped.append({"path": str(path.relative_to(root)) if path.is_relative_to(root)
-                                    else str(path), "reason": "unsupported table"
-                                    if table not in TABLES else "not requested"
-                                    if table not in wanted else "file missing"})
-                    continue
-                parts.append(import_table(path, hardware=hardware, framework=framework,
-                                          version=version, table_name=table, status=status))
-        reuse_path = folder / "reuse.yaml"
-        if reuse_path.exists():
-            for entry in _read_yaml(reuse_path).get("reuse") or []:
-                table = str(entry.get("table", ""))
-                donor = str(entry.get("from_version", ""))
-                if table not in TABLES or table not in wanted:
-                    continue
-                path = folder.parent / donor / f"{table}.parquet"
-                if not path.exists():
-                    raise ConfigError(f"reuse of {table} from {donor}: {path} does not exist",
-                                      source=str(reuse_path), field="from_version")
-                rev = f"{'/'.join(folder.parts[-3:])} (reuses {donor})"
-                parts.append(import_table(path, hardware=hardware, framework=framework,
-                                          version=version, table_name=table,
-                                          source_revision=rev))
+        found, skips = _plan(folder, root, wanted)
+        todo += [(path, kw, folder) for path, kw in found]
+        skipped += skips
+    parts: list[PerformanceDatabase] = []
+    for i, (path, kw, folder) in enumerate(todo):
+        if progress is not None:
+            progress(str(path.relative_to(root)) if path.is_relative_to(root) else str(path),
+                     i, len(todo))
+        named = folder_system(folder)
+        # the device column first: it names the table and row
+        parts.append(import_table(path, hardware=hardware or named, **kw))
+        if hardware is not None and named is not None and named != hardware:
+            raise ConfigError(
+                f"the folder {folder.parents[2]} holds {named} tables (AIConfigurator layout "
+                f"<system>/<family>/<framework>/<version>), not {hardware}", source=str(root),
+                field="--system", expected=f"--system {named} (or leave it out)")
     if not parts:
         raise ConfigError("no supported AIConfigurator table found", source=str(root),
                           expected="<family>/<framework>/<version>/<table>.parquet with "
                                    "collection_meta.yaml; tables: " + ", ".join(sorted(TABLES)))
+    systems = sorted({h for p in parts for h in pc.unique(p.table.column("hardware")).to_pylist()})
+    if len(systems) > 1:
+        raise ConfigError(f"the tables name different systems {systems}", source=str(root),
+                          field="device", expected="--system <catalog id>")
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{root.name}")
     return PerformanceDatabase(db.table, name=db.name, _validated=True,
                                sources=[*db.sources, *({"skipped": s} for s in skipped)])
@@ -337,12 +459,12 @@ class AIConfiguratorPerformanceImporter:
     revision = IMPORTER_REVISION
 
     @staticmethod
-    def from_file(path: str | Path, *, hardware_name: str, framework: str, version: str,
+    def from_file(path: str | Path, *, hardware_name: str | None, framework: str, version: str,
                   source_revision: str = "") -> PerformanceDatabase:
         return import_table(path, hardware=hardware_name, framework=framework, version=version,
                             source_revision=source_revision)
 
     @staticmethod
-    def from_system(root: str | Path, *, hardware_name: str,
+    def from_system(root: str | Path, *, hardware_name: str | None = None,
                     tables: tuple[str, ...] | None = None) -> PerformanceDatabase:
         return import_system(root, hardware=hardware_name, tables=tables)

@@ -33,6 +33,12 @@ def row_ids(prefix: str, n: int) -> pa.Array:
     return pc.binary_join_element_wise(const(prefix, n), idx, "")
 
 
+def first_null(arr: pa.Array | pa.ChunkedArray) -> int:
+    """Index of the first null value (the caller knows there is one)."""
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return int(np.argmin(valid))
+
+
 def require_columns(table: pa.Table, columns, source: str) -> None:
     missing = [c for c in columns if c not in table.column_names]
     if missing:
@@ -47,7 +53,8 @@ def canonical_dtypes(column: pa.ChunkedArray | pa.Array, *, source: str, field: 
     """Map each spelling in `column` to its canonical dtype name (ConfigError if unknown)."""
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if col.null_count:
-        raise ConfigError("empty dtype value", source=source, field=field)
+        raise ConfigError(f"row {first_null(col)}: empty dtype value", source=source,
+                          field=field)
     enc = col.cast(pa.string()).dictionary_encode()
     mapped = []
     for spelling in enc.dictionary.to_pylist():
@@ -67,9 +74,88 @@ def latency_seconds(column: pa.ChunkedArray | pa.Array, scale: float, *, source:
         raise ConfigError(f"latency column has type {col.type}", source=source, field=field,
                           expected="numbers")
     values = np.asarray(col.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
-    bad = ~np.isfinite(values) | (values <= 0)
+    bad = ~np.isfinite(values) | (values <= 0)  # a null reads as nan
     if bad.any():
         row = int(np.argmax(bad))
         raise ConfigError(f"row {row}: latency {values[row]!r} is not a positive finite number",
                           source=source, field=field)
     return pa.array(values * scale, pa.float64())
+
+
+# Operations the workload layer emits (and so the ones a record can ever answer);
+# `tests/evidence/test_import_checks.py` builds graphs of every family to keep it true.
+OPERATOR_OPERATIONS = frozenset({
+    "gemm", "attention", "mla_attention", "mla_sparse_attention", "dsa_indexer", "moe",
+    "moe_gating", "moe_permute", "moe_unpermute", "embedding", "norm", "rope", "activation",
+    "add", "kv_cache_write", "gdn_conv1d", "gdn_prefill", "gdn_decode"})
+
+
+def known_operations() -> frozenset[str]:
+    from perfcast.evidence.collectives import OPERATIONS as COLLECTIVES
+
+    return OPERATOR_OPERATIONS | frozenset(COLLECTIVES)
+
+
+def check_operations(values, *, source: str, field: str, rows=None) -> None:
+    """ConfigError naming the first row whose operation perfcast does not know. `values`
+    is one operation per row (or the distinct values, with `rows` giving their first
+    row labels)."""
+    known = known_operations()
+    for i, op in enumerate(values):
+        if op not in known:
+            where = rows[i] if rows is not None else f"row {i}"
+            raise ConfigError(f"{where}: unknown operation {op!r}", source=source, field=field,
+                              expected="one of " + ", ".join(sorted(known)))
+
+
+def system_id(text: str, *, field: str = "--system") -> str:
+    """The catalog name for a catalog name, an alias or a device YAML file (its `name`);
+    a ConfigError naming `field` and the known names otherwise."""
+    from perfcast.hardware import load_system
+    from perfcast.hardware.catalog_loader import resolve_device_name
+
+    text = str(text)
+    if text.endswith((".yaml", ".yml")) or Path(text).is_file():
+        return load_system(text).name
+    try:
+        return resolve_device_name(text)
+    except ConfigError as exc:
+        raise ConfigError(f"unknown system {text!r}", field=field,
+                          expected=exc.expected) from None
+
+
+def _tokens(text: str) -> set[str]:
+    import re
+
+    return {t for t in re.split(r"[^a-z0-9]+", str(text).lower()) if t}
+
+
+def _model_token(system: str) -> str:
+    """The model part of a catalog name: h100_sxm -> h100, gb200 -> gb200."""
+    return system.lower().split("_", 1)[0]
+
+
+def device_systems(device: str) -> set[str]:
+    """Catalog names whose model (h100, gb200, mi300x, ...) a free-text device name such
+    as 'NVIDIA H100 80GB HBM3' mentions (empty when it names none)."""
+    from perfcast.hardware.catalog_loader import available_devices
+
+    words = _tokens(device)
+    return {n for n in available_devices() if _model_token(n) in words}
+
+
+def check_device_column(values, *, hardware: str, source: str, field: str = "device") -> None:
+    """A ConfigError when a row's device column names another model than `hardware`
+    (rows whose device names no catalog model are not judged)."""
+    col = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    enc = col.cast(pa.string()).dictionary_encode()
+    indices = np.asarray(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+    for code, device in enumerate(enc.dictionary.to_pylist()):
+        named = device_systems(device)
+        if named and _model_token(hardware) not in {_model_token(n) for n in named}:
+            rows = np.flatnonzero(indices == code)
+            raise ConfigError(
+                f"row {int(rows[0])}: device {device!r} ({', '.join(sorted(named))}), not "
+                f"{hardware}: {len(rows)} row(s) would be labelled with the wrong system",
+                source=source, field=field,
+                expected=f"--system {sorted(named)[0]}, or tables measured on {hardware}")

@@ -4,7 +4,10 @@ Formats: CSV (header row), JSON (a list of objects, or {"rows": [...]}), JSONL a
 Parquet. Nothing is guessed: the latency column and its unit, the operation, hardware
 and dtype (constant or column), and every selector column with its type are declared.
 Invalid, empty, non-finite or mistyped input fails the whole import with the file, row
-and column named. CSV cells are text: an `int` cell must be an integer literal ("1.0"
+and column named, and so do a CSV row with more or fewer cells than the header, a
+duplicate record id and an operation perfcast does not know. Columns the spec does not
+map are listed in the manifest (`unused_columns`) and reported by the CLI. CSV cells are
+text: an `int` cell must be an integer literal ("1.0"
 is rejected), a `bool` cell `true` or `false`. JSON and Parquet keep their own types:
 an `int` selector rejects 1.0 and true, a `float` one accepts integers.
 """
@@ -16,7 +19,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostSubject, DimValue, EstimateMethod
 from perfcast.evidence.database import PerformanceDatabase
-from perfcast.evidence.importers.common import file_digest
+from perfcast.evidence.importers.common import check_operations, file_digest
 from perfcast.evidence.records import SELECTOR_TYPES, EvidenceProvenance, PerformanceRecord
 
 IMPORTER = "tabular"
@@ -76,6 +79,9 @@ class TabularImportSpec(Record):
             raise ConfigError(f"selectors without a declared type: {missing}",
                               source=f"import spec {self.name!r}", field="selector_types",
                               expected="int | float | str | bool per selector")
+        if self.operation:
+            check_operations([self.operation], source=f"import spec {self.name!r}",
+                             field="operation", rows=["operation"])
         for key, kind in self.selector_types.items():
             if kind not in SELECTOR_TYPES:
                 raise ConfigError(f"unknown type {kind!r} for selector {key!r}",
@@ -118,8 +124,17 @@ def _rows(path: Path) -> Iterator[tuple[str, Mapping, bool]]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         with open(path, newline="") as f:
-            for i, row in enumerate(csv.DictReader(f)):
-                yield f"row {i} (line {i + 2})", row, True
+            reader = csv.DictReader(f)
+            for i, row in enumerate(reader):
+                label = f"row {i} (line {reader.line_num})"
+                width = len(reader.fieldnames or ())
+                if None in row or any(v is None for v in row.values()):
+                    cells = width + len(row.get(None) or ()) - sum(
+                        v is None for k, v in row.items() if k is not None)
+                    raise ConfigError(f"{label}: {cells} cells, the header has {width}",
+                                      source=str(path),
+                                      expected="one cell per header column")
+                yield label, row, True
     elif suffix == ".jsonl":
         for i, line in enumerate(path.read_text().splitlines()):
             if line.strip():
@@ -193,15 +208,23 @@ class SimulatorPerformanceImporter:
     revision = IMPORTER_REVISION
 
     @staticmethod
-    def from_file(path: str | Path, spec: TabularImportSpec) -> PerformanceDatabase:
+    def from_file(path: str | Path, spec: TabularImportSpec, *,
+                  system: Callable[[str], str] | None = None) -> PerformanceDatabase:
+        """`system` (optional) maps each hardware value to its catalog name, raising a
+        ConfigError for an unknown one (the CLI passes `common.system_id`)."""
         path = Path(path)
         if not path.exists():
             raise ConfigError("file not found", source=str(path))
         digest = file_digest(path)
         records = []
+        used = spec_columns(spec)
+        unused: set[str] = set()
+        ids: dict[str, str] = {}
+        systems: dict[str, str] = {}
         for label, row, text in _rows(path):
             if not isinstance(row, Mapping):
                 raise ConfigError(f"{label}: expected an object", source=str(path))
+            unused.update(str(k) for k in row if k not in used)
 
             def cell(column: str, kind: str):
                 if column not in row:
@@ -231,19 +254,43 @@ class SimulatorPerformanceImporter:
                     raise ConfigError(f"{label}: record id {raw!r}", source=str(path),
                                       field=spec.record_id_column, expected="a string or integer")
                 rid = str(raw)
+                if rid in ids:
+                    raise ConfigError(f"{label}: record id {rid!r} is also {ids[rid]}",
+                                      source=str(path), field=spec.record_id_column,
+                                      expected="a unique id per row")
+                ids[rid] = label
+            operation = spec.operation or cell(spec.operation_column, "str")
+            check_operations([operation], source=str(path), field=spec.operation_column
+                             or "operation", rows=[label])
+            hardware = spec.hardware or cell(spec.hardware_column, "str")
+            if system is not None:
+                if hardware not in systems:
+                    try:
+                        systems[hardware] = system(hardware)
+                    except ConfigError as exc:
+                        raise ConfigError(f"{label}: unknown system {hardware!r}",
+                                          source=str(path),
+                                          field=spec.hardware_column or "hardware",
+                                          expected=exc.expected) from None
+                hardware = systems[hardware]
             prov = EvidenceProvenance(source=spec.source, source_revision=spec.source_revision,
                                       importer=IMPORTER, importer_revision=IMPORTER_REVISION,
                                       source_digest=digest, method=spec.method,
                                       raw_record_id=rid)
             records.append(PerformanceRecord(
-                subject=spec.subject,
-                operation=spec.operation or cell(spec.operation_column, "str"),
-                hardware=spec.hardware or cell(spec.hardware_column, "str"),
-                dtype=dtype, selector=FrozenDict(selector), latency_s=latency,
+                subject=spec.subject, operation=operation, hardware=hardware, dtype=dtype, selector=FrozenDict(selector), latency_s=latency,
                 provenance=prov))
         if not records:
             raise ConfigError("no data rows", source=str(path))
         return PerformanceDatabase.from_records(
             records, name=spec.name,
             sources=[{"path": path.name, "digest": digest, "rows": len(records),
-                      "spec": spec.digest}])
+                      "spec": spec.digest, **({"unused_columns": sorted(unused)}
+                                              if unused else {})}])
+
+
+def spec_columns(spec: TabularImportSpec) -> set[str]:
+    """The file columns a spec reads."""
+    return {c for c in (spec.latency_column, spec.operation_column, spec.hardware_column,
+                        spec.datatype_column, spec.record_id_column, *spec.selector_columns.values())
+            if c}

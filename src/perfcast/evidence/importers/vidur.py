@@ -49,7 +49,7 @@ from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostSubject, EstimateMethod
 from perfcast.evidence.database import PerformanceDatabase
-from perfcast.evidence.importers.common import file_digest
+from perfcast.evidence.importers.common import check_operations, file_digest
 from perfcast.evidence.records import EvidenceProvenance, PerformanceRecord
 
 IMPORTER = "vidur"
@@ -193,8 +193,12 @@ class VidurProfileImporter:
 
         for i, row in enumerate(rows):
             where = f"row {i} (line {i + 2})"
+            if None in row or None in row.values():
+                raise ConfigError(f"{where}: the row's cell count differs from the header's "
+                                  f"{len(header)}", source=str(path))
             if network:
                 op = row["collective"]
+                check_operations([op], source=str(path), field="collective", rows=[where])
                 workers = _int(row, "num_workers", where, path)
                 per_node = _int(row, "devices_per_node", where, path)
                 selector = {"message_bytes": _int(row, "size", where, path),
