@@ -43,7 +43,8 @@ def test_import_is_idempotent_and_logged(store):
     assert len(snaps) == 1 and again.output.startswith(snaps[0]["digest"])
     log = (store / "imports.jsonl").read_text().splitlines()
     assert [json.loads(x)["new"] for x in log] == [True, False]
-    show = json.loads(run("evidence", "show", snaps[0]["digest"][7:15], "--store", store).output)
+    show = json.loads(run("evidence", "show", snaps[0]["digest"][7:15], "--store", store,
+                          "--format", "json").stdout)
     assert show["rows"] == snaps[0]["rows"]
     assert any("skipped" in s for s in show["sources"])
 
@@ -91,8 +92,9 @@ def test_queries_file_answers_every_line(store, tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     result = run("evidence", "query", ref, "--store", store, "--queries", path)
-    outs = [json.loads(x) for x in result.output.splitlines()]
+    outs = [json.loads(x) for x in result.stdout.splitlines()]
     assert [o.get("method") for o in outs] == ["measured", "interpolated", "analytical", None]
+    assert [o["line"] for o in outs] == [1, 2, 3, 4]
     assert "fp7" in outs[3]["error"]
     assert result.exit_code == 1
 
