@@ -73,10 +73,15 @@ def test_replay_cpu_from_the_command_line(tmp_path):
         "OP State,Accelerator Core,Input Shapes,Input Data Types,Input Formats,Average Duration(us)\n"
         ',CPU,"4,8;8,2",FLOAT;FLOAT,ND;ND,\n,CPU,"4,8;8,3",FLOAT;FLOAT,ND;ND,7\n')
     res = runner.invoke(app, ["collect", "replay", "--database-path", str(db), "--update-mode",
-                              "missing-only", "--repeat-count", "2", "--warmup", "0"])
+                              "missing-only", "--repeat-count", "2", "--warmup", "0",
+                              "--device", "local_cpu"])
     assert res.exit_code == 0, res.output
-    assert "replayed 1 rows, 0 failed, 1 skipped" in res.output
+    assert "replayed 1 rows on cpu (local_cpu), 0 failed, 1 skipped" in res.output
     assert len(list((db / "reports").glob("profile_update_report_*.md"))) == 1
+    from perfcast.collect.tables import read_table
+
+    row = read_table(db / "aten__mm.csv").rows[0]
+    assert (row["MicroBench Backend"], row["MicroBench Device"]) == ("cpu", "local_cpu")
 
 
 def test_list_flags_take_several_values_as_in_the_spec_examples():

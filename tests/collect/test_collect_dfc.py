@@ -114,7 +114,7 @@ def test_cli_replay_takes_the_dispatch_ffn_combine_flags(dfc_db):
         "--dispatch-ffn-combine-master-port", "29612", "--repeat-count", "1"])
     assert res.exit_code == 0, res.output
     # the EP-8 row is tried (and fails on cpu: an EP-group kernel), the two EP-16 rows not
-    assert "replayed 0 rows, 1 failed, 0 skipped, 2 of another EP size" in res.output
+    assert "0 rows on cpu (cpu), 1 failed, 0 skipped, 2 of another EP size" in res.output
     report = next((dfc_db / "reports").glob("profile_update_report_*.md")).read_text()
     assert "replay it with --backend npu" in report
     bad = CliRunner().invoke(app, ["collect", "replay", "--database-path", str(dfc_db),

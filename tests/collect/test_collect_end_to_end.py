@@ -64,7 +64,8 @@ def test_profile_parse_grid_replay_import(tmp_path):
     cfg.write_text(json.dumps(TINY))
     profile_tiny_block(trace)
 
-    _cli("collect", "parse", "--profiling-path", str(trace), "--database-path", str(db))
+    _cli("collect", "parse", "--profiling-path", str(trace), "--database-path", str(db),
+         "--device", "local_cpu")
     linear_before = read_table(db / "aten__linear.csv").rows
     assert {r["Input Shapes"] for r in linear_before} == {
         "16,64;128,64", "16,64;64,64", "16,64;256,64", "16,128;64,128"}
@@ -102,5 +103,5 @@ def test_profile_parse_grid_replay_import(tmp_path):
         file, row = rid.split("#row")
         assert (file, int(row)) in replayed                      # a row the replay measured
         r = read_table(db / file).rows[int(row) - 2]
-        assert r["MicroBench Backend"] == "cpu"
+        assert (r["MicroBench Backend"], r["MicroBench Device"]) == ("cpu", "local_cpu")
         assert op["avg_latency_s"] == pytest.approx(float(r["Average Duration(us)"]) * 1e-6)

@@ -82,12 +82,13 @@ def test_failures_are_reported_and_pruning_removes_empty_rows(db):
         "128,64;64,32", "256,64;64,32"]
 
 
-def test_fail_fast_stops_and_leaves_csv_untouched(db):
-    before = (db / "MatMulV2.csv").read_text()
+def test_fail_fast_stops_and_keeps_the_rows_measured_before(db):
     with pytest.raises(ReplayFailed, match="MatMulV2#2.*shape not supported"):
         replay_database(db, FixedBackend({"256,64;64,32": 20.0}), update_mode="missing-only",
                         fail_fast=True)
-    assert (db / "MatMulV2.csv").read_text() == before
+    rows = read_table(db / "MatMulV2.csv").rows
+    assert rows[1]["Average Duration(us)"] == "20"           # measured before the failure
+    assert rows[2]["Average Duration(us)"] == "0" and not rows[2]["MicroBench Count"]
 
 
 def test_interrupted_run_writes_nothing(db):
@@ -100,6 +101,72 @@ def test_interrupted_run_writes_nothing(db):
         replay_database(db, Exploding({}))
     assert (db / "MatMulV2.csv").read_text() == before
     assert sorted(p.name for p in db.iterdir()) == ["MatMulV2.csv", "Mystery.csv"]
+
+
+def test_killed_run_keeps_written_batches_and_resumes(tmp_path):
+    d = tmp_path / "db"
+    d.mkdir()
+    shapes = [f"{64 * (i + 1)},64;64,32" for i in range(5)]
+    (d / "MatMulV2.csv").write_text(HEADER + "".join(
+        f'dynamic,AI_CORE,"{s}",DT_BF16;DT_BF16,ND;ND,"1,32",DT_BF16,ND,,,,\n' for s in shapes))
+
+    class Killed(FixedBackend):
+        """Dies (like SIGKILL: no cleanup runs) on its fourth row."""
+
+        def measure(self, cases, settings):
+            if len(self.seen) == 3:
+                raise SystemExit("killed")
+            return super().measure(cases, settings)
+
+    durations = {s: 10.0 + i for i, s in enumerate(shapes)}
+    import perfcast.collect.replay.writeback as wb
+
+    real = wb._write
+    calls = []
+
+    def write_only_batches(run, table):       # a kill skips the final flush
+        calls.append(len(run.results))
+        if len(run.results) % 2 == 0:
+            real(run, table)
+    wb._write = write_only_batches
+    try:
+        with pytest.raises(SystemExit):
+            replay_database(d, Killed(durations), update_mode="missing-only", batch_rows=2)
+    finally:
+        wb._write = real
+    rows = read_table(d / "MatMulV2.csv").rows
+    assert [r["Average Duration(us)"] for r in rows] == ["10", "11", "", "", ""]
+    again = FixedBackend(durations)
+    run = replay_database(d, again, update_mode="missing-only", batch_rows=2)
+    assert again.seen == ["MatMulV2#2", "MatMulV2#3", "MatMulV2#4"] and not run.failed
+    assert [r["Average Duration(us)"] for r in read_table(d / "MatMulV2.csv").rows] == \
+        ["10", "11", "12", "13", "14"]
+
+
+def test_replayed_rows_record_backend_and_device(db):
+    replay_database(db, FixedBackend({"256,64;64,32": 20.0}), ops=["MatMulV2"],
+                    update_mode="missing-only", device="ATLAS_800_A3_752T_128G_DIE")
+    row = read_table(db / "MatMulV2.csv").rows[1]
+    assert (row["MicroBench Backend"], row["MicroBench Device"]) == \
+        ("fixed", "ATLAS_800_A3_752T_128G_DIE")
+
+
+def test_written_files_keep_their_mode_or_get_the_umask_default(tmp_path):
+    import os
+    import stat
+
+    from perfcast.collect.tables import write_files_atomic
+
+    old = os.umask(0o022)
+    try:
+        new, kept = tmp_path / "new.csv", tmp_path / "kept.csv"
+        kept.write_text("x\n")
+        os.chmod(kept, 0o664)
+        write_files_atomic({new: "a\n", kept: "b\n"})
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o664 and kept.read_text() == "b\n"
+    finally:
+        os.umask(old)
 
 
 def test_unknown_op_and_mode_are_clear_errors(db):

@@ -7,7 +7,6 @@ after one flag: `--ops all_reduce,all_gather` = `--ops all_reduce all_gather`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,6 +14,7 @@ import typer
 from typer.core import TyperCommand
 
 from perfcast.cli.errors import user_errors
+from perfcast.cli.progress import progress_bar
 from perfcast.core.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -26,7 +26,9 @@ DATABASE_ROOT = Path("perf_database")
 
 DatabaseOpt = Annotated[Optional[Path], typer.Option(
     "--database-path", help="database folder (else derived from --device and versions)")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="device directory name")]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", help=f"device the data is measured on; names the database folder "
+                     f"(default {DEFAULT_DEVICE} there)")]
 VllmOpt = Annotated[str, typer.Option("--vllm-version", help="vLLM version or full version-directory name")]
 TorchOpt = Annotated[str, typer.Option("--torch-version", help="PyTorch version")]
 CannOpt = Annotated[str, typer.Option("--cann-version", help="CANN version")]
@@ -70,6 +72,7 @@ def derive_database_path(database_path: Path | None, device: str, vllm: str, tor
     (a `--vllm-version` holding `_` is taken as the whole version-directory name)."""
     if database_path is not None:
         return database_path
+    device = device or DEFAULT_DEVICE
     if vllm and "_" in vllm:
         return root / device / "vllm_ascend" / vllm
     missing = [f for f, v in (("--vllm-version", vllm), ("--torch-version", torch),
@@ -85,7 +88,7 @@ def derive_database_path(database_path: Path | None, device: str, vllm: str, tor
 def parse_command(
     profiling_path: Annotated[Path, typer.Option("--profiling-path", help="kernel_details*.csv, "
                                                  "op_summary_*.csv, a torch trace, or a folder")],
-    database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
+    database_path: DatabaseOpt = None, device: DeviceOpt = "",
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
 ) -> None:
     """Parse profiler output into per-kernel CSVs ({KernelType}.csv)."""
@@ -93,6 +96,7 @@ def parse_command(
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
+        device = device or ("" if database_path else DEFAULT_DEVICE)  # the folder names it
         provenance = {k: v for k, v in (("device", device), ("vllm_version", vllm_version),
                                          ("torch_version", torch_version),
                                          ("cann_version", cann_version)) if v}
@@ -106,7 +110,7 @@ def parse_command(
 
 @app.command("grid", cls=ListOptionsCommand)
 def grid_command(
-    database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
+    database_path: DatabaseOpt = None, device: DeviceOpt = "",
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
     target_models: Annotated[Optional[list[str]], typer.Option(
         "--target-models", help="model config paths or built-in ids (comma-separated); "
@@ -137,7 +141,7 @@ def grid_command(
 
 @app.command("replay", cls=ListOptionsCommand)
 def replay_command(
-    database_path: DatabaseOpt = None, device: DeviceOpt = DEFAULT_DEVICE,
+    database_path: DatabaseOpt = None, device: DeviceOpt = "",
     vllm_version: VllmOpt = "", torch_version: TorchOpt = "", cann_version: CannOpt = "",
     ops: Annotated[Optional[list[str]], typer.Option("--ops", help="only these kernel types")] = None,
     repeat_count: Annotated[int, typer.Option("--repeat-count", help="timed calls per row")] = 30,
@@ -146,7 +150,9 @@ def replay_command(
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="stop at the first failure")] = False,
     prune: Annotated[bool, typer.Option("--prune-empty-duration-rows",
                                         help="delete rows still without a valid duration")] = False,
-    backend: Annotated[str, typer.Option("--backend", help="cpu | cuda | npu")] = "cpu",
+    backend: Annotated[str, typer.Option(
+        "--backend", help="auto (the one that runs on the database's device: npu for "
+                          "Ascend, cuda for NVIDIA, cpu for a host CPU) | cpu | cuda | npu")] = "auto",
     flush_l2: Annotated[bool, typer.Option("--flush-l2", help="CUDA: cold L2 before each call")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", help="cap rows per CSV; 0 = all")] = 0,
     num_threads: Annotated[int, typer.Option(
@@ -166,9 +172,10 @@ def replay_command(
     dfc_master_port: Annotated[Optional[int], typer.Option(
         "--dispatch-ffn-combine-master-port", help="torchrun master port")] = None,
 ) -> None:
-    """Re-measure rows as microbenchmarks and write the durations back, with a report."""
-    from rich.progress import Progress
-
+    """Re-measure rows as microbenchmarks and write the durations back, with a report.
+    The CSVs are written back every few rows, so a stopped run resumes with
+    `--update-mode missing-only`."""
+    from perfcast.collect.devices import choose_backend, database_device
     from perfcast.collect.replay import (
         DistributedLaunch,
         ReplaySettings,
@@ -183,19 +190,22 @@ def replay_command(
         launch = DistributedLaunch(ep_size=dfc_ep_size, nproc_per_node=dfc_nproc,
                                    nnodes=dfc_nnodes, node_rank=dfc_node_rank,
                                    master_addr=dfc_master_addr, master_port=dfc_master_port)
-        with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
-            task = bar.add_task("replaying", total=None)
-            run = replay_database(db, make_backend(backend, flush_l2=flush_l2, launch=launch,
-                                               num_threads=num_threads),
-                                  ops=_split(ops), ep_size=dfc_ep_size,
-                                  update_mode=update_mode, settings=settings,
-                                  fail_fast=fail_fast,
-                                  prune_empty_duration_rows=prune, max_rows=max_rows,
-                                  progress=lambda done, total: bar.update(task, completed=done,
-                                                                          total=total))
+        measured_on = database_device(db, device or ("" if database_path else DEFAULT_DEVICE))
+        backend = choose_backend(backend, measured_on)
+        runner = make_backend(backend, flush_l2=flush_l2, launch=launch, num_threads=num_threads)
+        try:
+            with progress_bar("replaying") as advance:
+                run = replay_database(db, runner, ops=_split(ops), ep_size=dfc_ep_size,
+                                      update_mode=update_mode, settings=settings,
+                                      fail_fast=fail_fast, prune_empty_duration_rows=prune,
+                                      max_rows=max_rows, device=measured_on, progress=advance)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the rows measured so far are written back; rerun with "
+                       "--update-mode missing-only to resume", err=True)
+            raise typer.Exit(130) from None
         md, _ = write_reports(run)
-        typer.echo(f"replayed {len(run.replayed)} rows, {len(run.failed)} failed, "
-                   f"{run.skipped_valid} skipped"
+        typer.echo(f"replayed {len(run.replayed)} rows on {backend} ({run.device}), "
+                   f"{len(run.failed)} failed, {run.skipped_valid} skipped"
                    + (f", {run.skipped_other_ep} of another EP size" if run.skipped_other_ep
                       else "") + f"; report {md}")
 
@@ -285,17 +295,25 @@ def import_command(
 ) -> None:
     """Turn a collected database into an immutable evidence snapshot (PerformanceDatabase):
     a saved folder (--output) and/or an entry of the evidence store (--to-store)."""
-    from perfcast.collect.evidence import DEFAULT_OPERATIONS, collected_database, save_database_atomic
+    from perfcast.collect.evidence import (
+        DEFAULT_OPERATIONS,
+        ImportSkips,
+        collected_database,
+        save_database_atomic,
+    )
 
     with user_errors():
         if output is None and not to_store:
             raise ConfigError("says where the snapshot goes", field="--output/--to-store",
                               expected="--output DIR, --to-store, or both")
+        skips = ImportSkips()
         db = collected_database(database_path, hardware=hardware, runtime=runtime,
                                 runtime_revision=runtime_version,
                                 kernel_types=_split(kernel_types),
                                 operations=tuple(_split(operations)) or DEFAULT_OPERATIONS,
-                                comm_dtype=comm_dtype)
+                                comm_dtype=comm_dtype, skips=skips)
+        for line in skips.lines():
+            typer.echo(f"warning: {line}", err=True)
         if output is not None:
             save_database_atomic(db, output, fmt=fmt)
             typer.echo(f"{len(db)} records, digest {db.digest}, saved to {output}")

@@ -11,6 +11,11 @@ provenance (source, revision, importer, sha256 of the CSV, method, raw record id
 Collective rows are converted from HCCL counting to perfcast's: all_gather and
 reduce_scatter `message_bytes` are multiplied by `num_devices` (full buffer).
 
+Rows are read for the `hardware` they are imported as: a database that declares another
+device is refused (naming both); a row replayed on another device (`MicroBench Device`)
+contributes only its profiled duration, if any; rows whose duration is text, negative
+or not finite are skipped. `ImportSkips` counts both, with CSV line numbers.
+
 Two kernel types that give the same (operation, hardware, dtype, selector) -- e.g.
 `aten::linear` and the `aten::addmm` it calls, in one torch trace -- would be two
 equally specific evidence groups; the import refuses them and names both, so the user
@@ -27,21 +32,26 @@ from pathlib import Path
 from perfcast.collect.comm import COMM_FILES
 from perfcast.collect.kernel_types import axes_of, spec_for
 from perfcast.collect.tables import (
+    AVG,
     COMM_PREFIX,
     COUNT,
     INPUT_DTYPES,
     INPUT_FORMATS,
     INPUT_SHAPES,
+    LATENCY_PRIORITY,
+    MB_DEVICE,
     STD,
+    default_mode,
     load_database,
     parse_shapes,
-    row_latency_us,
     split_list,
     valid_duration,
 )
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
+from perfcast.evidence.profiling.devices import same_device
+from perfcast.evidence.profiling.kernel_csv import duration_cell
 
 IMPORTER = "perfcast.collect.evidence"
 IMPORTER_REVISION = "1"
@@ -65,6 +75,58 @@ class CollectedRecord:
     metadata: FrozenDict = field(default_factory=FrozenDict)
 
 
+@dataclass
+class ImportSkips:
+    """Rows left out of an import, by CSV file name: CSV line numbers."""
+
+    bad_durations: dict[str, list[int]] = field(default_factory=dict)
+    foreign: dict[str, list[int]] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        from perfcast.evidence.profiling.validate import line_list
+
+        out = [f"skipped {len(rows)} row(s) of {name}: the duration is not a non-negative "
+               f"number (line(s) {line_list(rows)})" for name, rows in self.bad_durations.items()]
+        out += [f"{len(rows)} row(s) of {name} were replayed on another device; their replayed "
+                f"durations are not imported (line(s) {line_list(rows)})"
+                for name, rows in self.foreign.items()]
+        return out
+
+
+def row_duration(row: dict, table, hardware: str, skips: ImportSkips | None, line: int
+                 ) -> tuple[float, str] | None:
+    """(latency_us, column) of a row read for `hardware`, recording why a row is skipped."""
+    name = table.path.name if table.path else table.kernel_type
+    measured_on = (row.get(MB_DEVICE) or "").strip()
+    columns = LATENCY_PRIORITY
+    if measured_on and not same_device(measured_on, hardware):
+        if skips is not None:
+            skips.foreign.setdefault(name, []).append(line)
+        columns = tuple(c for c in LATENCY_PRIORITY if c != AVG)
+    for column in columns:
+        if column not in row:
+            continue
+        value = duration_cell(row.get(column) or "")
+        if value == "bad":
+            if skips is not None:
+                skips.bad_durations.setdefault(name, []).append(line)
+            return None
+        if value:
+            return value, column
+    return None
+
+
+def check_hardware(database_path: Path, hardware: str) -> None:
+    """Refuse importing a database declared for one device as another."""
+    from perfcast.collect.devices import declared_device
+
+    declared = declared_device(database_path)
+    if declared and not same_device(declared, hardware):
+        raise ConfigError(f"the database was measured on {declared}, not {hardware}",
+                          source=str(database_path), field="--hardware",
+                          expected=f"--hardware {declared.lower()}")
+
+
 def sha256_file(path: Path) -> str:
     return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -73,10 +135,13 @@ def collected_records(database_path: Path, *, hardware: str, runtime: str = "",
                       runtime_revision: str = "", kernel_types: Sequence[str] = (),
                       operations: Sequence[str] = DEFAULT_OPERATIONS,
                       comm_dtype: str = "bf16", source: str = "perfcast-collect",
-                      source_revision: str = "") -> list[CollectedRecord]:
+                      source_revision: str = "", skips: ImportSkips | None = None
+                      ) -> list[CollectedRecord]:
     """Records of every usable row. `kernel_types` restricts compute CSVs (names or file
-    stems); `operations` restricts compute operations (collectives are always read)."""
+    stems); `operations` restricts compute operations (collectives are always read);
+    `skips` collects the rows left out and why."""
     root = Path(database_path)
+    check_hardware(root, hardware)
     tables = load_database(root)
     context = {k: v for k, v in (("runtime", runtime), ("runtime_revision", runtime_revision)) if v}
     revision = source_revision or root.name
@@ -92,7 +157,7 @@ def collected_records(database_path: Path, *, hardware: str, runtime: str = "",
                               method="measured", raw_record_id=f"{table.path.name}#row{index + 2}")
 
         if stem.startswith(COMM_PREFIX):
-            out += _comm_records(table, stem, hardware, context, comm_dtype, prov)
+            out += _comm_records(table, stem, hardware, context, comm_dtype, prov, skips)
             continue
         spec = spec_for(stem)
         if spec is None or spec.operation not in operations:
@@ -101,7 +166,7 @@ def collected_records(database_path: Path, *, hardware: str, runtime: str = "",
             continue
         src = str(table.path)
         for i, row in enumerate(table.rows):
-            found = row_latency_us(row)
+            found = row_duration(row, table, hardware, skips, i + 2)
             if found is None:
                 continue
             slots = parse_shapes(row.get(INPUT_SHAPES, ""), source=src, row=i + 2)
@@ -136,7 +201,7 @@ def _metadata(row: dict, kernel_type: str, column: str) -> FrozenDict:
 
 
 def _comm_records(table, stem: str, hardware: str, context: dict, comm_dtype: str,
-                  prov) -> list[CollectedRecord]:
+                  prov, skips: ImportSkips | None = None) -> list[CollectedRecord]:
     operation = COMM_OPERATIONS.get(stem)
     if operation is None:
         return []
@@ -147,7 +212,7 @@ def _comm_records(table, stem: str, hardware: str, context: dict, comm_dtype: st
                           expected="message_bytes, num_devices, Duration(us)")
     out = []
     for i, row in enumerate(table.rows):
-        found = row_latency_us(row)
+        found = row_duration(row, table, hardware, skips, i + 2)
         if found is None:
             continue
         mb = valid_duration(row, "message_bytes")
@@ -201,7 +266,10 @@ def collected_database(database_path: Path, *, name: str = "", **options):
     root = Path(database_path)
     records = collected_records(root, **options)
     if not records:
-        raise ConfigError("holds no row with a valid latency to import", source=str(root),
+        skipped = options.get("skips")
+        why = "; ".join(skipped.lines()) if skipped is not None else ""
+        raise ConfigError("holds no row with a valid latency to import"
+                          + (f" ({why})" if why else ""), source=str(root),
                           expected="replayed or profiled rows (Average Duration(us) > 0)")
     source = {"path": str(root), "importer": IMPORTER, "importer_revision": IMPORTER_REVISION}
     manifest = root / MANIFEST
@@ -223,6 +291,9 @@ def save_database_atomic(database, folder: Path, *, fmt: str = "parquet") -> Pat
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
+        # mkdtemp creates 0700: keep the old folder's mode, else the umask's default
+        mode = folder.stat().st_mode & 0o7777 if folder.is_dir() else default_mode(True)
+        os.chmod(tmp, mode)
         database.save(tmp, fmt=fmt)
         if folder.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))

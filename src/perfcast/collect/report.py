@@ -42,7 +42,8 @@ def hotspots(run: ReplayRun, low: float = GAP_LOW, high: float = GAP_HIGH) -> li
 
 def render_markdown(run: ReplayRun, spots: list[Hotspot], top: int = 20) -> str:
     lines = [f"# Profile update report: {run.database_path}", "",
-             f"- backend: {run.backend}", f"- update mode: {run.update_mode}",
+             f"- backend: {run.backend}", f"- measured on: {run.device}",
+             f"- update mode: {run.update_mode}",
              f"- rows replayed: {len(run.replayed)}", f"- rows failed: {len(run.failed)}",
              f"- rows skipped (already valid): {run.skipped_valid}",
              f"- rows skipped (another EP size): {run.skipped_other_ep}",

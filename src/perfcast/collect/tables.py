@@ -14,7 +14,8 @@ Latency columns, in the priority the contract reads them: `Average Duration(us)`
 with (unknown columns survive a replay write-back untouched).
 
 Writes are atomic: each file is written to a temporary file in the same folder and
-renamed over the target; a batch of files is staged completely before any rename.
+renamed over the target; a batch of files is staged completely before any rename. A
+rewritten file keeps its mode; a new one gets the umask's default (0644 under umask 022).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import csv
 import math
 import os
+import stat
 import statistics
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +33,8 @@ from pathlib import Path
 
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.kernel_csv import (INPUT_DTYPES, INPUT_FORMATS, INPUT_SHAPES,
-                                                    OUTPUT_DTYPES, OUTPUT_FORMATS, OUTPUT_SHAPES)
+                                                    MEASURED_DEVICE, OUTPUT_DTYPES, OUTPUT_FORMATS,
+                                                    OUTPUT_SHAPES)
 
 STATE = "OP State"
 CORE = "Accelerator Core"
@@ -53,7 +56,8 @@ MB_MEDIAN = "MicroBench Median Duration(us)"
 MB_STD = "MicroBench Std Duration(us)"
 MB_COUNT = "MicroBench Count"
 MB_BACKEND = "MicroBench Backend"
-MICROBENCH_COLUMNS = (MB_AVG, MB_MEDIAN, MB_STD, MB_COUNT, MB_BACKEND)
+MB_DEVICE = MEASURED_DEVICE
+MICROBENCH_COLUMNS = (MB_AVG, MB_MEDIAN, MB_STD, MB_COUNT, MB_BACKEND, MB_DEVICE)
 
 COMM_PREFIX = "hcom_"
 COMM_COLUMNS = ("message_bytes", "num_devices", "dtype", "topology_tier", PLAIN_DURATION,
@@ -275,6 +279,20 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_files_atomic({Path(path): text})
 
 
+def default_mode(folder: bool = False) -> int:
+    """The mode `open()` (or `mkdir()`) gives a new file (folder) under the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
+def _target_mode(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return default_mode()
+
+
 def write_files_atomic(files: Mapping[Path, str]) -> None:
     """Stage every file as a temporary sibling, then rename each over its target.
     If staging fails, no target is touched and the temporaries are removed."""
@@ -284,6 +302,7 @@ def write_files_atomic(files: Mapping[Path, str]) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             staged.append((tmp, path))
+            os.chmod(tmp, _target_mode(path))  # mkstemp creates 0600
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
                 fh.flush()

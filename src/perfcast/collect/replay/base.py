@@ -52,10 +52,14 @@ class ReplaySettings:
     warmup: int = 3
 
     def __post_init__(self) -> None:
+        from perfcast.core.errors import ConfigError
+
         if self.repeat_count < 1:
-            raise ValueError("--repeat-count must be at least 1")
+            raise ConfigError(f"has value {self.repeat_count}", field="--repeat-count",
+                              expected="at least 1")
         if self.warmup < 0:
-            raise ValueError("warm-up count must be non-negative")
+            raise ConfigError(f"has value {self.warmup}", field="--warmup",
+                              expected="a non-negative count")
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,18 @@ is empty); `Average/Median/Std Duration(us)` and `Count` then describe the repla
 Rows of a kernel type launched over an EP group (`launch: torchrun`, DispatchFFNCombine)
 whose CSV has an `EP Size` column are replayed only when it equals the launch's EP size
 (`--dispatch-ffn-combine-ep-size`); the others are counted as `skipped_other_ep`.
-Each CSV is written atomically after all its rows are measured; with `fail_fast` the
-first failure stops the run before the CSV being processed is written.
+Write-back is in batches: a CSV is rewritten atomically every `batch_rows` measured
+rows (and at least every `flush_s` seconds), at its end, and when the run stops (a
+failure with `fail_fast`, Ctrl-C, an error), so a killed run loses at most one batch and
+a rerun with `missing-only` resumes where it stopped.
+Every replayed row records its backend (`MicroBench Backend`) and the device it ran on
+(`MicroBench Device`: the database's device, or the backend's name when none is known);
+a lookup for another device does not use its replayed durations.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +49,7 @@ from perfcast.collect.tables import (
     MB_AVG,
     MB_BACKEND,
     MB_COUNT,
+    MB_DEVICE,
     MB_MEDIAN,
     MB_STD,
     MEDIAN,
@@ -83,6 +90,7 @@ class ReplayRun:
     database_path: Path
     backend: str
     update_mode: str
+    device: str = ""             # what MicroBench Device says of the replayed rows
     results: list[RowResult] = field(default_factory=list)
     skipped_valid: int = 0
     skipped_other_ep: int = 0
@@ -137,7 +145,8 @@ def case_for_row(table: KernelTable, index: int) -> ReplayCase | None:
                       if c not in KEY_COLUMNS and c != INPUT_STRIDES and (row.get(c) or "").strip()))
 
 
-def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str) -> None:
+def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str,
+                  device: str = "") -> None:
     row = table.rows[index]
     stats = outcome.stats
     assert stats is not None
@@ -147,13 +156,14 @@ def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backen
         row[PROFILING_AVG] = row[AVG]
     row.update({MB_AVG: format_number(stats.mean_us), MB_MEDIAN: format_number(stats.median_us),
                 MB_STD: format_number(stats.std_us), MB_COUNT: str(stats.count),
-                MB_BACKEND: backend, AVG: format_number(stats.mean_us),
+                MB_BACKEND: backend, MB_DEVICE: device or backend,
+                AVG: format_number(stats.mean_us),
                 MEDIAN: format_number(stats.median_us), STD: format_number(stats.std_us),
                 COUNT: str(stats.count)})
 
 
 def append_samples(table: KernelTable, samples: list, backend: str,
-                   cells: dict[str, str] | None = None) -> int:
+                   cells: dict[str, str] | None = None, device: str = "") -> int:
     """Aggregate profiled samples into rows (as `collect parse` does) and append those
     whose key the table lacks, with their statistics as the MicroBench columns; `cells`
     fills key columns the samples do not carry (the `EP Size` of an EP-group replay)."""
@@ -173,7 +183,7 @@ def append_samples(table: KernelTable, samples: list, backend: str,
         if table.key_of(row) in have:
             continue
         row.update({MB_AVG: row[AVG], MB_MEDIAN: row[MEDIAN], MB_STD: row[STD],
-                    MB_COUNT: row[COUNT], MB_BACKEND: backend})
+                    MB_COUNT: row[COUNT], MB_BACKEND: backend, MB_DEVICE: device or backend})
         table.rows.append(row)
         added += 1
     return added
@@ -191,11 +201,13 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
                     settings: ReplaySettings | None = None, fail_fast: bool = False,
                     prune_empty_duration_rows: bool = False, max_rows: int = 0,
                     progress: Callable[[int, int], None] | None = None,
-                    ep_size: int | None = None) -> ReplayRun:
+                    ep_size: int | None = None, device: str = "", batch_rows: int = 16,
+                    flush_s: float = 30.0) -> ReplayRun:
     """Replay rows of every CSV (or of the kernel types in `ops`) and write them back.
     `max_rows` > 0 caps the replayed rows per CSV (first rows in file order); `ep_size`
     selects the `EP Size` rows of EP-group kernel types (default: the backend's launch
-    EP size, else every row)."""
+    EP size, else every row); `device`: the device the backend measures (recorded in
+    each replayed row); `batch_rows`/`flush_s`: how often a CSV is written back."""
     if update_mode not in UPDATE_MODES:
         raise ConfigError(f"unknown update mode {update_mode!r}", field="--update-mode",
                           expected=" | ".join(UPDATE_MODES))
@@ -210,7 +222,7 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
         raise ConfigError(f"no CSV for kernel type(s) {', '.join(unknown)}",
                           source=str(database_path), field="--ops",
                           expected="kernel types with a {KernelType}.csv in the database")
-    run = ReplayRun(Path(database_path), backend.name, update_mode)
+    run = ReplayRun(Path(database_path), backend.name, update_mode, device or backend.name)
     if ep_size is None:
         launch = getattr(backend, "launch", None)
         ep_size = launch.ep_size if launch is not None else None
@@ -233,33 +245,47 @@ def replay_database(database_path: Path, backend: ReplayBackend, *,
     total = sum(len(rows) for _, rows in plan)
     done = 0
     for table, rows in plan:
-        cases = [case_for_row(table, i) for i in rows]
-        outcomes = []
-        for case in cases:  # one at a time: progress and fail-fast act per row
-            outcome = backend.measure([case], settings)[0]
-            outcomes.append(outcome)
-            done += 1
-            if progress:
-                progress(done, total)
-            if not outcome.ok and fail_fast:
-                raise ReplayFailed(f"{case.case_id} ({table.path}): {outcome.error}")
-        for i, outcome in zip(rows, outcomes):
-            prof = valid_duration(table.rows[i], PROFILING_AVG) or valid_duration(table.rows[i], AVG)
-            run.results.append(RowResult(table.kernel_type, i, table.rows[i].get(INPUT_SHAPES, ""),
-                                         outcome, prof))
-            if outcome.ok:
-                apply_outcome(table, i, outcome, backend.name)
+        cases = [case_for_row(table, i) for i in rows]  # malformed rows fail before any run
+        pending, last = 0, time.monotonic()
+        try:
+            for i, case in zip(rows, cases):  # one at a time: progress and fail-fast per row
+                outcome = backend.measure([case], settings)[0]
+                done += 1
+                prof = valid_duration(table.rows[i], PROFILING_AVG) or \
+                    valid_duration(table.rows[i], AVG)
+                run.results.append(RowResult(table.kernel_type, i,
+                                             table.rows[i].get(INPUT_SHAPES, ""), outcome, prof))
+                if outcome.ok:
+                    apply_outcome(table, i, outcome, backend.name, device)
+                    pending += 1
+                if progress:
+                    progress(done, total)
+                if not outcome.ok and fail_fast:
+                    raise ReplayFailed(f"{case.case_id} ({table.path}): {outcome.error}")
+                if pending >= batch_rows or (pending and time.monotonic() - last >= flush_s):
+                    _write(run, table)
+                    pending, last = 0, time.monotonic()
+        except BaseException:
+            if pending:  # keep what was measured before the stop
+                _write(run, table)
+            raise
         added = 0
         if update_mode == "all" and hasattr(backend, "take_unmatched"):
             ep_cells = ({EP_COLUMN: str(ep_size)} if ep_size and EP_COLUMN in table.header
                         and spec_for(table.kernel_type).launch else {})
             added = append_samples(table, backend.take_unmatched(table.kernel_type), backend.name,
-                                   ep_cells)
+                                   ep_cells, device)
             run.appended += added
         if prune_empty_duration_rows:
             before = len(table.rows)
             table.rows = [r for r in table.rows if not needs_replay(r, "missing-only")]
             run.pruned += before - len(table.rows)
         if rows or prune_empty_duration_rows or added:
-            run.written += write_tables([table])
+            _write(run, table)
     return run
+
+
+def _write(run: ReplayRun, table: KernelTable) -> None:
+    for path in write_tables([table]):
+        if path not in run.written:
+            run.written.append(path)

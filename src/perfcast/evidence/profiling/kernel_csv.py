@@ -4,6 +4,13 @@ Tensors are encoded as `"d0,d1;d0,d1"` (`;` between tensors, `,` between dims), 
 as `DT_BF16;INT8`, formats as `ND;FRACTAL_NZ`. Empty tensor slots (optional inputs,
 `DT_UNDEFINED`) are dropped together with their dtype and format so the remaining
 slots stay aligned. The latency column is the first present of `LATENCY_COLUMNS`.
+
+Rows without a duration (empty, `N/A`) carry no evidence and are left out; a duration
+that is text, negative or not finite is left out too and its CSV line number listed in
+`KernelTable.bad_durations`. A replayed row records the device it was measured on
+(`MicroBench Device`): read for another device, its replayed `Average Duration(us)` is
+not used (the profiled `Profiling Average Duration(us)` is, when present) and the row is
+listed in `KernelTable.foreign_rows`.
 """
 
 from __future__ import annotations
@@ -18,8 +25,12 @@ from pathlib import Path
 
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError, InvalidEvidenceError
+from perfcast.evidence.profiling.devices import canonical_device
 
 LATENCY_COLUMNS = ("Average Duration(us)", "Profiling Average Duration(us)", "Duration(us)")
+PROFILED_LATENCY = "Profiling Average Duration(us)"
+MEASURED_DEVICE = "MicroBench Device"   # the device a replayed row was measured on
+EMPTY_CELLS = ("", "N/A", "NA")
 INPUT_SHAPES = "Input Shapes"
 INPUT_DTYPES = "Input Data Types"
 INPUT_FORMATS = "Input Formats"
@@ -104,6 +115,8 @@ class KernelTable:
     latency_column: str
     rows: tuple[KernelRow, ...]
     sha256: str
+    bad_durations: tuple[int, ...] = ()   # CSV line numbers of unusable duration text
+    foreign_rows: tuple[int, ...] = ()    # CSV line numbers measured on another device
 
     def has(self, column: str) -> bool:
         return column in self.columns
@@ -132,15 +145,29 @@ def _tensors(shapes_text: str, dtypes_text: str, formats_text: str
             tuple((formats[i] if i < len(formats) else "ND") or "ND" for i in keep))
 
 
-def read_kernel_table(kernel_type: str, path: Path) -> KernelTable:
-    """Parse one kernel CSV (cached by path and content digest: an unchanged file is
-    parsed once per process)."""
+def read_kernel_table(kernel_type: str, path: Path, device: str = "") -> KernelTable:
+    """Parse one kernel CSV read for `device` ("" = any; cached by path, content digest
+    and device: an unchanged file is parsed once per process)."""
     raw = path.read_bytes()
-    return _parse(kernel_type, str(path), hashlib.sha256(raw).hexdigest(), raw)
+    return _parse(kernel_type, str(path), hashlib.sha256(raw).hexdigest(), raw,
+                  canonical_device(device))
+
+
+def duration_cell(text: str) -> float | None | str:
+    """A duration cell: its value, None when empty, or "bad" for unusable text."""
+    t = text.strip()
+    if t.upper() in EMPTY_CELLS:
+        return None
+    try:
+        value = float(t)
+    except ValueError:
+        return "bad"
+    return value if math.isfinite(value) and value >= 0 else "bad"
 
 
 @functools.lru_cache(maxsize=256)
-def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes) -> KernelTable:
+def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str = ""
+           ) -> KernelTable:
     path = Path(path_text)
     reader = csv.reader(io.StringIO(raw.decode("utf-8-sig")))
     header = next(reader, [])
@@ -153,14 +180,24 @@ def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes) -> KernelTabl
     lat_i = index[lat_col]
     cols = [index.get(c) for c in (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES,
                                    OUTPUT_DTYPES, OUTPUT_FORMATS)]
-    rows = []
+    dev_i, prof_i = index.get(MEASURED_DEVICE), index.get(PROFILED_LATENCY)
+    rows, bad, foreign = [], [], []
     for i, rec in enumerate(reader):
-        try:
-            latency = float(rec[lat_i])
-        except (ValueError, IndexError):
-            continue  # rows without a duration carry no evidence
-        if not math.isfinite(latency) or latency < 0:
+        if not rec:
             continue
+        cell = lat_i
+        measured_on = rec[dev_i].strip() if dev_i is not None and dev_i < len(rec) else ""
+        if device and measured_on and canonical_device(measured_on) != device:
+            foreign.append(i + 2)
+            if prof_i is None or prof_i == lat_i:
+                continue
+            cell = prof_i  # the profiled duration, measured on the database's device
+        latency = duration_cell(rec[cell] if cell < len(rec) else "")
+        if latency == "bad":
+            bad.append(i + 2)
+            continue
+        if latency is None:
+            continue  # rows without a duration carry no evidence
         get = [rec[c] if c is not None and c < len(rec) else "" for c in cols]
         try:
             ins = _tensors(get[0], get[1], get[2])
@@ -172,17 +209,20 @@ def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes) -> KernelTabl
                               output_shapes=outs[0], output_dtypes=outs[1],
                               values=tuple(rec), column_index=index))
     return KernelTable(kernel_type=kernel_type, path=path, columns=columns,
-                       latency_column=lat_col, rows=tuple(rows), sha256=sha)
+                       latency_column=lat_col, rows=tuple(rows), sha256=sha,
+                       bad_durations=tuple(bad), foreign_rows=tuple(foreign))
 
 
 class KernelTables:
     """Lazy, cached access to `{kernel_type}.csv` under a database directory.
 
-    Communication kernels are also searched in `comm_dir` (`communication_data_ref`)."""
+    Communication kernels are also searched in `comm_dir` (`communication_data_ref`).
+    `device`: the device lookups are for (rows replayed on another are not used)."""
 
-    def __init__(self, data_dir: Path, comm_dir: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, comm_dir: Path | None = None, device: str = "") -> None:
         self.data_dir = data_dir
         self.comm_dir = comm_dir
+        self.device = device
         self._cache: dict[tuple[str, bool], KernelTable | None] = {}
 
     def path_for(self, kernel_type: str, communication: bool = False) -> Path | None:
@@ -195,5 +235,6 @@ class KernelTables:
         key = (kernel_type, communication)
         if key not in self._cache:
             path = self.path_for(kernel_type, communication)
-            self._cache[key] = read_kernel_table(kernel_type, path) if path else None
+            self._cache[key] = read_kernel_table(kernel_type, path, self.device) \
+                if path else None
         return self._cache[key]

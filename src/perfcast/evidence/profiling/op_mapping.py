@@ -70,6 +70,11 @@ class OpMapping:
     def get(self, operator: str) -> OperatorMapping | None:
         return self.operator_mappings.get(operator)
 
+    @property
+    def device(self) -> str:
+        """The device the database was measured on (top-level `device:`; "" if unsaid)."""
+        return str(self.metadata.get("device") or "").strip()
+
 
 def _typed(value: Any, kind: str, source: str, fld: str) -> Any:
     if kind == "str":
@@ -137,6 +142,9 @@ def op_mapping_from_dict(data: Any, source: str) -> OpMapping:
         raise ConfigError(f"has value {policy!r}", source=source, field="interpolation_policy",
                           expected="a mapping")
     metadata = {k: data[k] for k in METADATA_FIELDS if k in data}
+    if metadata.get("device") is not None and not isinstance(metadata["device"], str):
+        raise ConfigError(f"has value {metadata['device']!r}", source=source, field="device",
+                          expected="the device name the database was measured on")
     return OpMapping(source=source, operator_mappings=mappings, communication_data_ref=comm_ref,
                      interpolation_policy=policy, metadata=metadata)
 

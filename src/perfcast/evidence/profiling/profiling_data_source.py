@@ -49,11 +49,14 @@ class ProfilingDataSource(DataSourcePerformanceModel):
       rows (without one, rows are not filtered by tier);
     * `parallel_config`: a `ParallelPlan`; its `ep` is the EP size of MoE-fused rows
       (without one, CSVs keyed by `EP Size` miss with `ep_size_not_configured`);
-    * `decomposers`: overrides/extends `COMPOSITE_DECOMPOSERS`.
+    * `decomposers`: overrides/extends `COMPOSITE_DECOMPOSERS`;
+    * `lookup_device`: the device whose rows answer (default: `device`'s name, else the
+      mapping's `device`); rows replayed on another device are not used.
     """
 
     def __init__(self, data_dir: str | Path, device=None, parallel_config=None, *,
-                 decomposers: Mapping[str, Decomposer] | None = None) -> None:
+                 decomposers: Mapping[str, Decomposer] | None = None,
+                 lookup_device: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise ConfigError("is not a directory", source=str(self.data_dir),
@@ -62,8 +65,12 @@ class ProfilingDataSource(DataSourcePerformanceModel):
         self.mapping: OpMapping = load_op_mapping(self.data_dir)
         comm_dir = ((self.data_dir / self.mapping.communication_data_ref).resolve()
                     if self.mapping.communication_data_ref else None)
-        self.tables = KernelTables(self.data_dir, comm_dir)
         self.device = device
+        # lookups for this device never use rows replayed on another (default: the
+        # system's; with foreign evidence allowed, the database's own)
+        self.lookup_device = lookup_device if lookup_device is not None else \
+            getattr(device, "name", "") or self.mapping.device
+        self.tables = KernelTables(self.data_dir, comm_dir, self.lookup_device)
         self.comm_grid = getattr(device, "comm_grid", None)
         self.ep_size: int | None = parallel_config.ep if parallel_config is not None else None
         self.decomposers: dict[str, Decomposer] = {**COMPOSITE_DECOMPOSERS, **(decomposers or {})}
@@ -104,6 +111,7 @@ class ProfilingDataSource(DataSourcePerformanceModel):
                         "tiers": {str(k): v for k, v in self.comm_grid.tiers.items()}}
             self._identity = content_digest("perfcast.ProfilingDataSource", {
                 "files": files, "comm_grid": grid, "ep_size": self.ep_size,
+                "device": self.lookup_device,
                 "decomposers": sorted(self.decomposers)})
         return self._identity
 

@@ -146,7 +146,10 @@ def validate_database(directory: str | Path, decomposers=None) -> ValidationRepo
     if comm_dir is not None and not comm_dir.is_dir():
         report.issues.append(Issue("warning", "communication_data_ref",
                                    f"{comm_dir} is not a directory"))
-    tables = KernelTables(d, comm_dir)
+    if not mapping.device:
+        report.issues.append(Issue("warning", "device", "op_mapping.yaml declares no device; "
+                                   "`estimate` uses it only with --allow-foreign-evidence"))
+    tables = KernelTables(d, comm_dir, mapping.device)
     uses: dict[tuple[str, bool], set[str]] = {}
     users: dict[str, list[str]] = {}
     for m in mapping.operator_mappings.values():
@@ -173,6 +176,22 @@ def validate_database(directory: str | Path, decomposers=None) -> ValidationRepo
             if missing:
                 report.issues.append(Issue("error", p.name,
                                            f"{path} path needs column(s): {'; '.join(missing)}"))
+        if table.bad_durations:
+            report.issues.append(Issue(
+                "warning", p.name, f"{len(table.bad_durations)} row(s) skipped: "
+                f"{table.latency_column} is not a non-negative number (line(s) "
+                f"{line_list(table.bad_durations)})"))
+        if table.foreign_rows:
+            report.issues.append(Issue(
+                "warning", p.name, f"{len(table.foreign_rows)} row(s) were replayed on another "
+                f"device than {mapping.device}; their replayed durations are not used (line(s) "
+                f"{line_list(table.foreign_rows)})"))
         if not table.rows:
             report.issues.append(Issue("warning", p.name, "has no rows with a latency"))
     return report
+
+
+def line_list(lines, limit: int = 10) -> str:
+    """`3, 5, 9` (the first `limit`, then how many more)."""
+    head = ", ".join(str(n) for n in list(lines)[:limit])
+    return head + (f" and {len(lines) - limit} more" if len(lines) > limit else "")
