@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfcast.evidence.collectives import CollectiveCostProvider
-from perfcast.evidence.contracts import CostProvider, CostQueryContext
+from perfcast.evidence.contracts import CostProvider, CostQueryContext, Miss
 from perfcast.evidence.costing import CostedGraph, cost_graph
+from perfcast.evidence.profiling.devices import mark_foreign
 from perfcast.evidence.resolver import CostResolver
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System, load_system
@@ -136,3 +137,29 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     timeline = schedule_plan(units, system, options)
     return StepResult(request=request, system=system, graph=graph, costed=costed,
                       timeline=timeline)
+
+
+class ForeignEvidence:
+    """A provider whose evidence was measured on another system (`measured_on`), asked for
+    `used_for` (only with an explicit `--allow-foreign-evidence`): queries are asked at
+    `measured_on` and every answer says so (an assumption, `validity.measured_on`)."""
+
+    def __init__(self, inner: CostProvider, measured_on: str, used_for: str) -> None:
+        self.inner = inner
+        self.measured_on = measured_on
+        self.used_for = used_for
+        self.name = inner.name
+        self.revision = f"{inner.revision}+foreign:{measured_on}"
+
+    def _query(self, query):
+        return replace(query, hardware=self.measured_on)
+
+    def supports(self, query):
+        return self.inner.supports(self._query(query))
+
+    def estimate(self, query):
+        answer = self.inner.estimate(self._query(query))
+        if isinstance(answer, Miss):
+            return answer
+        return mark_foreign(answer, self.measured_on, self.used_for)
+

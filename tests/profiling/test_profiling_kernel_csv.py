@@ -70,3 +70,35 @@ def test_unreadable_database_is_a_clear_error(tmp_path):
         ProfilingDataSource(tmp_path / "missing")
     with pytest.raises(ConfigError, match="op_mapping.yaml"):
         ProfilingDataSource(tmp_path)
+
+
+def test_rows_replayed_on_another_device_never_answer_it(tmp_path):
+    p = tmp_path / "K.csv"
+    p.write_text("Input Shapes,Average Duration(us),Profiling Average Duration(us),"
+                 "MicroBench Device\n"
+                 '"4,8",664673,12,cpu\n'                      # CPU replay over a profiled row
+                 '"4,9",700000,,cpu\n'                        # CPU replay of a grid row
+                 '"4,10",30,,ATLAS_800_A3_752T_128G_DIE\n'    # replayed on the device
+                 '"4,11",bogus,,\n')
+    t = read_kernel_table("K", p, "atlas_800_a3_752t_128g_die")
+    assert [(r.input_shapes, r.latency_us) for r in t.rows] == [(((4, 8),), 12.0),
+                                                                (((4, 10),), 30.0)]
+    assert t.foreign_rows == (2, 3) and t.bad_durations == (5,)
+    cpu = read_kernel_table("K", p, "cpu")
+    assert [r.latency_us for r in cpu.rows] == [664673.0, 700000.0]  # the NPU row has no CPU time
+
+
+def test_method_label_is_truthful():
+    from perfcast.evidence.contracts import CostEstimate, EstimateMethod, MatchKind, Uncertainty
+    from perfcast.report.step import method_label
+
+    def est(**kw):
+        return CostEstimate(latency_s=1e-6, provider="profiling", provider_revision="r",
+                            **{"method": EstimateMethod.MEASURED,
+                               "match_kind": MatchKind.EXACT, **kw})
+    assert method_label(est()) == "measured"
+    assert method_label(est(method=EstimateMethod.INTERPOLATED)) == "interpolated"
+    assert method_label(est(match_kind=MatchKind.SUBSET,
+                            uncertainty=Uncertainty(kind="partial", rel_std=None))) == "partial"
+    from perfcast.core.frozen import FrozenDict
+    assert method_label(est(validity=FrozenDict(measured_on="x"))) == "measured*"

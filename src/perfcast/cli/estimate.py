@@ -13,10 +13,19 @@ from rich.markup import escape
 
 from perfcast.cli.calibration_option import CalibrationOption
 from perfcast.cli.calibration_option import load as load_calibration
-from perfcast.cli.errors import user_errors
+from perfcast.cli.errors import check_output_paths, user_errors
+from perfcast.cli.estimate_sources import (
+    check_combination,
+    evidence_layer,
+    evidence_silence,
+    model_resolver,
+    profiling_provider,
+    provider_counts,
+)
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.estimate import EstimateRequest, estimate_step
+from perfcast.hardware import load_system
 from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision, load_model_spec
 from perfcast.workload.quant import precision_for_model
 
@@ -100,24 +109,6 @@ def evidence_context(runtime: str, runtime_version: str, implementation: list[st
                             implementation=default, implementations=FrozenDict(per_op),
                             operation_dimensions=FrozenDict(
                                 {op: FrozenDict(d) for op, d in dims.items()}))
-
-
-def evidence_resolver(device: str, refs: list[str], policy: str, roofline_mode: str,
-                      store: Optional[Path], calibrated: list | None = None):
-    """Measured providers (read through `MeasuredView`, as serving reads them), then the
-    calibrated analytic ones, then the physics-only analytic ones."""
-    from perfcast.estimate import make_resolver
-    from perfcast.evidence.chain import evidence_providers
-    from perfcast.evidence.measured_view import MeasuredView
-    from perfcast.evidence.store import EvidenceStore, open_evidence
-    from perfcast.hardware import load_system
-
-    system = load_system(device)
-    dbs = [open_evidence(r, hardware=system.name, store=EvidenceStore(store)) for r in refs]
-    measured = [MeasuredView(p, peak_memory_bw=system.device.memory.bw_bytes_per_s)
-                for p in evidence_providers(dbs, system, policy)]
-    return make_resolver(system, evidence=[*measured, *(calibrated or [])],
-                         roofline_mode=roofline_mode)
 
 
 def calibrated_for(device: str, revision) -> list:
@@ -216,6 +207,11 @@ def estimate_command(
     evidence_policy: Annotated[str, typer.Option(
         "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
     store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
+    allow_foreign_evidence: Annotated[bool, typer.Option(
+        "--allow-foreign-evidence", help="use evidence measured on another device than "
+                                         "--device (every such answer says so)")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="table: every column, full operator "
+                                                      "names, however wide")] = False,
     calibration: CalibrationOption = "default",
     ctx: typer.Context = None,  # type: ignore[assignment]
 ) -> None:
@@ -225,6 +221,9 @@ def estimate_command(
         model, models = performance_models(model, performance_model, extra)
         check_profiling_options(models, profiling_database, interpolate,
                                 export_empirical_metrics)
+        check_combination(models, evidence or [])
+        check_output_paths(chrome_trace=chrome_trace,
+                           export_empirical_metrics=export_empirical_metrics)
         batch = build_batch(num_queries, query_length, context_length, decode, decode_queries,
                             decode_context_length)
         plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, num_devices,
@@ -250,22 +249,25 @@ def estimate_command(
                                   block_size=block_size,
                                   reserve_bytes=reserved_memory_gb * 2**30)
         revision = load_calibration(calibration)
+        system = load_system(device)
         calibrated = calibrated_for(device, revision)
-        results = {}
+        layer = evidence_layer(system, evidence or [], evidence_policy, store,
+                               allow_foreign_evidence)
+        results, sources = {}, {}
         for name in models:
-            resolver = None
+            profiling, sources[name] = None, {}
             if name == "profiling":
-                resolver = profiling_resolver(request, profiling_database, interpolate,
-                                              calibrated)
-            elif evidence:  # measured evidence first, then the analytic providers
-                resolver = evidence_resolver(device, evidence, evidence_policy, roofline_mode,
-                                             store, calibrated)
-            elif calibrated:
-                from perfcast.estimate import make_resolver
-                from perfcast.hardware import load_system
-                resolver = make_resolver(load_system(device), calibrated,
-                                         roofline_mode=roofline_mode)
+                profiling, sources[name]["profiling_database"] = profiling_provider(
+                    request, system, profiling_database, interpolate, allow_foreign_evidence,
+                    calibrated)
+            if layer.sources:
+                sources[name]["evidence"] = layer.sources
+            resolver = model_resolver(name, request, system, layer, calibrated, profiling)
             results[name] = estimate_step(request, resolver)
+        warnings = {name: w for name, r in results.items()
+                    if (w := evidence_silence(r, layer, context))}
+        for text in warnings.values():
+            typer.echo(f"warning: {text}", err=True)
         metrics = None
         if "profiling" in results:
             from perfcast.evidence.profiling.metrics import MetricsCollector
@@ -283,22 +285,28 @@ def estimate_command(
         if output_format is OutputFormat.json:
             from perfcast.report.step import step_json
 
-            docs = {name: step_json(r, include_attempts=attempts) for name, r in results.items()}
+            docs = {}
+            for name, r in results.items():
+                docs[name] = step_json(r, include_attempts=attempts)
+                docs[name]["sources"] = sources[name]
+                docs[name]["providers"] = provider_counts(r)
+                docs[name]["warnings"] = [warnings[name]] if name in warnings else []
             if metrics is not None:
                 docs["profiling"]["empirical_metrics"] = {k: metrics[k] for k in
-                                                          ("m1", "m2", "m3", "m5")}
+                                                          ("m1", "m2", "m3", "m4", "m5")}
             doc = next(iter(docs.values())) if len(docs) == 1 else {"models": docs}
             doc["calibration"] = {"revision": revision.digest if revision else "none",
                                   "analytic_efficiency": bool(calibrated)}
             typer.echo(json.dumps(doc, indent=2))
         else:
-            from perfcast.report.tables import print_step
+            from perfcast.report.tables import print_sources, print_step
 
-            console = Console()
+            console = Console(width=max(Console().width, 220)) if wide else Console()
             for name, result in results.items():
                 if len(results) > 1:
                     console.rule(f"performance model: {name}")
-                print_step(result, console, by_shape=dump_input_shapes)
+                print_step(result, console, by_shape=dump_input_shapes, wide=wide)
+                print_sources(sources[name], provider_counts(result), console)
             if metrics is not None:
                 print_metrics_summary(metrics, console)
 
@@ -340,26 +348,6 @@ def check_profiling_options(models: list[str], database: Path | None, interpolat
             if value:
                 raise ConfigError("only applies to the profiling performance model", field=flag,
                                   expected="--performance-model profiling (or analytic profiling)")
-
-
-def profiling_resolver(request: EstimateRequest, database: Path, interpolate: bool,
-                       calibrated: list | None = None):
-    """Profiling first, the (calibrated, then physics-only) analytic providers after it:
-    one resolver, one cost path."""
-    from perfcast.estimate import make_resolver
-    from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
-    from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
-    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
-    from perfcast.hardware import load_system
-
-    system = load_system(request.device) if isinstance(request.device, str) else request.device
-    source = ProfilingDataSource(database, system, request.plan)
-    if interpolate:
-        source = InterpolatingDataSource(source)
-    analytic = make_resolver(system, list(calibrated or []), roofline_mode=request.roofline_mode)
-    provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic)
-    return make_resolver(system, [provider, *(calibrated or [])],
-                         roofline_mode=request.roofline_mode)
 
 
 def print_metrics_summary(metrics: dict, console: Console) -> None:

@@ -16,7 +16,9 @@ from rich.table import Table
 
 from perfcast.cli.calibration_option import CalibrationOption, all_overheads, analytic_for
 from perfcast.cli.calibration_option import load as load_calibration
-from perfcast.cli.errors import user_errors
+from perfcast.cli.errors import check_output_paths, user_errors
+from perfcast.cli.progress import progress_bar
+from perfcast.core.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Compare predictions with measured deployments.")
 
@@ -77,6 +79,10 @@ def silicon_command(
     from perfcast.serving.silicon import read_rows, summarize, validate_rows
 
     with user_errors():
+        check_output_paths(output=output)
+        if not file.is_file():
+            raise ConfigError("does not exist" if not file.exists() else "is not a file",
+                              source=str(file), expected="a silicon-sample CSV")
         rows = read_rows(file)
         if mode:
             rows = [r for r in rows if (r.get("mode") or "").strip() == mode]
@@ -86,9 +92,10 @@ def silicon_command(
 
             evidence_for = evidence_loader(evidence_root)
         revision = load_calibration(calibration)
-        results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,
-                                statistic=statistic, overheads=all_overheads(revision),
-                                analytic_for=analytic_for(revision))
+        with progress_bar("simulating rows", len(rows)) as advance:
+            results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,
+                                    statistic=statistic, overheads=all_overheads(revision),
+                                    analytic_for=analytic_for(revision), progress=advance)
         groups = summarize(results)
         if output_format is Format.csv:
             text = rows_csv(results)
@@ -103,8 +110,9 @@ def silicon_command(
             else:
                 sys.stdout.write(text)
             return
+        # a file gets every column at full width; a terminal or pipe its own width
         console = Console(file=open(output, "w", encoding="utf-8") if output else None,
-                          width=200)
+                          width=200 if output else None)
         if show_rows:
             rows_table = Table(title="per row: predicted vs measured (ms)")
             for col in ("id", "C", "TTFT meas", "TTFT pred", "TPOT meas", "TPOT pred", "reason"):
@@ -118,7 +126,8 @@ def silicon_command(
         table = Table(title=f"silicon validation: {file.name}")
         for col in ("system", "model", "backend", "rows", "coverage", "TTFT MAPE", "TTFT medAPE",
                     "TPOT MAPE", "TPOT medAPE"):
-            table.add_column(col, justify="right" if col[0].isupper() or col in ("rows", "coverage") else "left")
+            table.add_column(col, justify="right" if col[0].isupper() or col in ("rows", "coverage")
+                             else "left", overflow="fold")
 
         def pct(v):
             return "-" if v is None else f"{100 * v:.1f}%"

@@ -17,22 +17,43 @@ class OpRow:
     count: int
     latency_s: float          # all calls on one device
     avg_latency_s: float      # one call
-    bound: str                # compute | memory | comm | launch | measured | none
+    bound: str                # compute | memory | comm | launch | none | - (evidence says not)
     share: float
-    method: str
+    method: str               # the estimate's method
     provider: str
     flops: float              # whole step, all devices
     bytes: float              # whole step, all devices
     input_shapes: str
+    match_kind: str = ""
+    label: str = ""           # what the table shows as the method (partial, foreign marked)
+    measured_on: str = ""     # foreign evidence: the system it was measured on
+
+
+PHYSICAL_BOUNDS = ("compute", "memory", "comm", "launch", "none")
 
 
 def _bound(ct) -> str:
+    """What limits the op, when the answer knows it (a measured time does not say)."""
     est = ct.resolution.estimate
     if ct.task.kind is TaskKind.COMMUNICATION:
         return "comm"
     if ct.task.kind is TaskKind.VIEW:
         return "none"
-    return est.bottleneck or est.method.value
+    return est.bottleneck if est.bottleneck in PHYSICAL_BOUNDS else "-"
+
+
+def method_label(est) -> str:
+    """The method as the table shows it: a PARTIAL composite (some sub-kernels measured,
+    the rest left out) is `partial`, answers from another device's evidence end in `*`."""
+    label = est.method.value
+    if est.statistics.get("source") == "PARTIAL" or est.uncertainty.kind == "partial":
+        label = "partial"
+    return label + ("*" if est.validity.get("measured_on") else "")
+
+
+def uncertainty_json(u) -> dict[str, Any]:
+    return {"kind": u.kind, "rel_std": u.rel_std, "low_s": u.low_s, "high_s": u.high_s,
+            "sample_count": u.sample_count}
 
 
 def op_rows(result: StepResult) -> list[OpRow]:
@@ -47,7 +68,9 @@ def op_rows(result: StepResult) -> list[OpRow]:
             share=ct.total_latency_s / total, method=est.method.value, provider=est.provider,
             flops=t.work.flops * t.count * t.devices,
             bytes=(t.work.bytes_total + t.work.message_bytes) * t.count * t.devices,
-            input_shapes=";".join(",".join(map(str, s.shape)) for s in t.inputs)))
+            input_shapes=";".join(",".join(map(str, s.shape)) for s in t.inputs),
+            match_kind=est.match_kind.value, label=method_label(est),
+            measured_on=str(est.validity.get("measured_on", ""))))
     return rows
 
 
@@ -61,11 +84,18 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
         op: dict[str, Any] = {
             "lineage": row.lineage, "operator": row.operator, "group": row.group,
             "count": row.count, "latency_s": row.latency_s, "avg_latency_s": row.avg_latency_s,
-            "method": row.method, "provider": row.provider, "provider_revision":
-            est.provider_revision, "bound": row.bound, "flops": row.flops, "bytes": row.bytes,
-            "confidence": est.confidence, "raw_record_ids": list(est.raw_record_ids),
+            "method": row.method, "match_kind": row.match_kind, "provider": row.provider,
+            "provider_revision": est.provider_revision, "source_revision": est.source_revision,
+            "bound": row.bound, "flops": row.flops, "bytes": row.bytes,
+            "confidence": est.confidence, "uncertainty": uncertainty_json(est.uncertainty),
+            "validity": dict(est.validity), "raw_record_ids": list(est.raw_record_ids),
             "assumptions": list(est.assumptions),
         }
+        if row.label == "partial":
+            op["partial"] = True
+        if row.measured_on:
+            op["foreign_evidence"] = {"measured_on": row.measured_on,
+                                      "used_for": result.system.name}
         if est.statistics:
             op["statistics"] = dict(est.statistics)
         if include_attempts:

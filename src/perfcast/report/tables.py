@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from perfcast.estimate import StepResult
@@ -26,35 +28,100 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def print_step(result: StepResult, console: Console, *, by_shape: bool = False) -> None:
+# Below this width the per-op table drops the avg and bound columns and the operators'
+# namespaces (`aten.mm.default` -> `mm`), and wraps long names inside their column;
+# `--wide` shows everything.
+WIDE_MIN = 132
+COLUMNS = (("operator", "left"), ("lineage group", "left"), ("calls", "right"),
+           ("total", "right"), ("avg", "right"), ("bound", "left"), ("share", "right"),
+           ("method", "left"), ("provider", "left"), ("input shapes", "left"))
+FLEXIBLE = {"operator": 9, "lineage group": 10, "provider": 8, "input shapes": 10}  # min widths
+SHORT_PROVIDERS = {"calibrated_analytic": "calibrated", "collective_model": "collectives"}
+
+
+def short_operator(name: str) -> str:
+    """`aten.mm.default` -> `mm`, `tensor_cast.all_reduce.default` -> `all_reduce`."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[0] in ("aten", "tensor_cast", "prims", "torch"):
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] == "default":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def fit_widths(cells: list[dict], keep: list[str], width: int, gap: int) -> dict[str, int]:
+    """Column widths that fit `width`: fixed columns keep their natural width; the widest
+    flexible one (names) gives up a character at a time, never below its minimum."""
+    out = {c: max([len(c)] + [len(row[c]) for row in cells]) for c in keep}
+    flex = [c for c in keep if c in FLEXIBLE]
+    excess = sum(out.values()) + gap * (len(keep) - 1) - width
+    while excess > 0:
+        shrinkable = [c for c in flex if out[c] > FLEXIBLE[c]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda c: out[c])
+        out[widest] -= 1
+        excess -= 1
+    return out
+
+
+def step_cells(result: StepResult, rows, *, by_shape: bool, wide: bool) -> list[dict]:
+    name = (lambda op: op) if wide else short_operator  # noqa: E731
+    provider = (lambda p: p) if wide else (lambda p: SHORT_PROVIDERS.get(p, p))  # noqa: E731
+    if not by_shape:
+        return [{"operator": name(r.operator), "lineage group": r.lineage, "calls": str(r.count),
+                 "total": fmt_time(r.latency_s), "avg": fmt_time(r.avg_latency_s),
+                 "bound": r.bound, "share": f"{r.share:.1%}", "method": r.label,
+                 "provider": provider(r.provider)} for r in rows]
+    groups: OrderedDict = OrderedDict()
+    for r in rows:
+        groups.setdefault((r.operator, r.input_shapes), []).append(r)
+    out = []
+    for (operator, shapes), rs in groups.items():
+        calls = sum(r.count for r in rs)
+        total = sum(r.latency_s for r in rs)
+        out.append({"operator": name(operator),
+                    "lineage group": ", ".join(sorted({r.group for r in rs})),
+                    "calls": str(calls), "total": fmt_time(total),
+                    "avg": fmt_time(total / calls), "bound": rs[0].bound,
+                    "share": f"{sum(r.share for r in rs):.1%}", "method": rs[0].label,
+                    "provider": provider(rs[0].provider), "input shapes": shapes})
+    return out
+
+
+def print_step(result: StepResult, console: Console, *, by_shape: bool = False,
+               wide: bool = False) -> None:
     rows = op_rows(result)
     g = result.graph
     title = (f"{g.model.name} on {result.system.name} x{g.num_devices} "
              f"(tp={g.plan.tp} pp={g.plan.pp} dp={g.plan.dp} ep={g.plan.ep}) - "
              f"{g.batch.phase}, {g.batch.tokens} tokens")
-    table = Table(title=title, show_lines=False)
-    for col, just in (("operator", "left"), ("lineage group", "left"), ("calls", "right"),
-                      ("total", "right"), ("avg", "right"), ("bound", "left"),
-                      ("share", "right"), ("method", "left"), ("provider", "left")):
-        table.add_column(col, justify=just)
-    if by_shape:
-        table.add_column("input shapes")
-        groups: OrderedDict = OrderedDict()
-        for r in rows:
-            key = (r.operator, r.input_shapes)
-            groups.setdefault(key, []).append(r)
-        for (operator, shapes), rs in groups.items():
-            calls = sum(r.count for r in rs)
-            total = sum(r.latency_s for r in rs)
-            table.add_row(operator, ", ".join(sorted({r.group for r in rs})), str(calls),
-                          fmt_time(total), fmt_time(total / calls), rs[0].bound,
-                          f"{sum(r.share for r in rs):.1%}", rs[0].method, rs[0].provider, shapes)
-    else:
-        for r in rows:
-            table.add_row(r.operator, r.lineage, str(r.count), fmt_time(r.latency_s),
-                          fmt_time(r.avg_latency_s), r.bound, f"{r.share:.1%}", r.method,
-                          r.provider)
+    wide = wide or console.width >= WIDE_MIN
+    keep = [c for c, _ in COLUMNS if (by_shape or c != "input shapes")
+            and (wide or c not in ("avg", "bound"))]
+    cells = step_cells(result, rows, by_shape=by_shape, wide=wide)
+    gap = 3 if wide else 1 if by_shape else 2
+    widths = fit_widths(cells, keep, console.width - (4 if wide else 0), gap) if not wide \
+        else {}
+    table = Table(title=title, show_lines=False, pad_edge=False,
+                  box=box.HEAVY_HEAD if wide else None, padding=(0, 1) if wide else (0, gap, 0, 0))
+    for col, just in COLUMNS:
+        if col in keep:
+            table.add_column(col, justify=just, overflow="fold", width=widths.get(col),
+                             no_wrap=col not in FLEXIBLE)
+    for row in cells:
+        table.add_row(*(row[c] for c in keep))
     console.print(table)
+    notes = []
+    if not wide:
+        notes.append("narrow layout: --wide adds avg, bound and full operator names")
+    if any(r.label == "partial" for r in rows):
+        notes.append("partial: a composite with sub-kernels measured, the rest not counted")
+    foreign = sorted({r.measured_on for r in rows if r.measured_on})
+    if foreign:
+        notes.append(f"*: evidence measured on {', '.join(foreign)}, not {result.system.name}")
+    for note in notes:
+        console.print(f"[dim]{note}[/dim]")
     comm = result.costed.comm_s()
     tl = result.timeline
     if tl is not None:
@@ -87,3 +154,19 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False) 
     if mem.total > cap:
         console.print(f"[bold red]WARNING: does not fit: needs {fmt_bytes(mem.total)} per device, "
                       f"{result.system.name} has {fmt_bytes(cap)}[/bold red]")
+
+
+def print_sources(sources: dict, counts: dict[str, int], console: Console) -> None:
+    """What the estimate answered from and how many ops each provider answered."""
+    db = sources.get("profiling_database")
+    if db:
+        foreign = (f", FOREIGN: measured on {db['foreign_measured_on']}"
+                   if db.get("foreign_measured_on") else "")
+        console.print(escape(f"profiling database: {db['path']} (device {db['device'] or '?'}"
+                             f"{', interpolated' if db['interpolate'] else ''}{foreign})"))
+    for ev in sources.get("evidence", ()):
+        foreign = (f", FOREIGN: measured on {ev['foreign_measured_on']}"
+                   if ev.get("foreign_measured_on") else "")
+        console.print(escape(f"evidence: {ev['ref']} ({ev['digest'][:19]}, {ev['records']} "
+                             f"records of {', '.join(ev['hardware']) or 'no system'}{foreign})"))
+    console.print("ops answered by: " + ", ".join(f"{p} {n}" for p, n in counts.items()))

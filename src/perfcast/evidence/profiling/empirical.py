@@ -36,6 +36,7 @@ from perfcast.evidence.profiling.data_source import (
     QueryResult,
     QuerySource,
 )
+from perfcast.evidence.profiling.devices import mark_foreign
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.resolver import CostResolver
 
@@ -90,19 +91,25 @@ def result_uncertainty(result: QueryResult) -> Uncertainty:
 
 
 class EmpiricalPerformanceModel:
-    """`EmpiricalPerformanceModel(device, data_source, fallback_model)` as a provider."""
+    """`EmpiricalPerformanceModel(device, data_source, fallback_model)` as a provider.
+    `foreign_device`: the database was measured on this other device (allowed
+    explicitly); every answer says so."""
 
     def __init__(self, device, data_source: DataSourcePerformanceModel,
-                 fallback_model: CostResolver | Sequence[CostProvider] | None = None) -> None:
+                 fallback_model: CostResolver | Sequence[CostProvider] | None = None, *,
+                 foreign_device: str | None = None) -> None:
         self.device = device
         self.data_source = data_source
+        self.foreign_device = foreign_device
         if fallback_model is not None and not isinstance(fallback_model, CostResolver):
             fallback_model = CostResolver(list(fallback_model))
         self.fallback_model: CostResolver | None = fallback_model
         self.name = PROVIDER_NAME
-        self.revision = content_digest("perfcast.EmpiricalPerformanceModel", {
-            "system": device.digest, "source": data_source.identity,
-            "source_type": type(data_source).__name__})[:23]
+        basis = {"system": device.digest, "source": data_source.identity,
+                 "source_type": type(data_source).__name__}
+        if foreign_device is not None:
+            basis["foreign"] = foreign_device
+        self.revision = content_digest("perfcast.EmpiricalPerformanceModel", basis)[:23]
 
     def supports(self, query: CostQuery) -> bool | Miss:
         if query.hardware != self.device.name:
@@ -120,6 +127,12 @@ class EmpiricalPerformanceModel:
             return None
 
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
+        answer = self._estimate(query)
+        if self.foreign_device is None or isinstance(answer, Miss):
+            return answer
+        return mark_foreign(answer, self.foreign_device, self.device.name)
+
+    def _estimate(self, query: CostQuery) -> CostEstimate | Miss:
         outcome = self.data_source.lookup(OpInvokeInfo.from_query(query))
         if isinstance(outcome, LookupMiss):
             return Miss(str(outcome))

@@ -1,0 +1,173 @@
+"""What `perfcast estimate` answers from: measured evidence (`--evidence`), a profiling
+database (`--profiling-database`), calibrated and physics-only analytic models; one
+resolver per performance model, and the checks that keep it honest.
+
+* Evidence of one device never answers another silently: a profiling database whose
+  `device` (op_mapping.yaml) or an evidence snapshot whose systems differ from the
+  estimate's device stops the run, naming both; `--allow-foreign-evidence` uses it
+  anyway and every such answer says so (`validity.measured_on`, an assumption).
+* `--evidence` with the profiling model: one resolver asks the profiling database, then
+  the evidence, then the analytic models; `analytic profiling` together with
+  `--evidence` is refused (the "analytic" run would answer from the evidence).
+* After the run: how many ops each provider answered, and why the evidence answered
+  none when it did (what it was asked, what it holds).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfcast.core.errors import ConfigError
+from perfcast.evidence.profiling.devices import same_device
+
+FOREIGN_HINT = "--allow-foreign-evidence to use it anyway (every answer then says so)"
+
+
+@dataclass
+class EvidenceLayer:
+    """The measured providers of `--evidence` and what they were built from."""
+
+    providers: list = field(default_factory=list)
+    databases: list = field(default_factory=list)
+    sources: list[dict] = field(default_factory=list)
+
+    @property
+    def names(self) -> set[str]:
+        return {p.name for p in self.providers}
+
+
+def check_combination(models: list[str], evidence: list[str]) -> None:
+    if evidence and "analytic" in models and "profiling" in models:
+        raise ConfigError("with --evidence, the 'analytic' model would answer from the "
+                          "evidence", field="--performance-model",
+                          expected="--performance-model profiling --evidence ... (profiling "
+                                   "database, then the evidence, then the analytic models), "
+                                   "or analytic without --evidence")
+
+
+def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
+                   allow_foreign: bool) -> EvidenceLayer:
+    """Measured providers (read through `MeasuredView`, as serving reads them) of each
+    `--evidence` source, checked against the estimate's system."""
+    from perfcast.estimate import ForeignEvidence
+    from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.measured_view import MeasuredView
+    from perfcast.evidence.store import EvidenceStore, open_evidence
+
+    layer = EvidenceLayer()
+    if not refs:
+        return layer
+    layer.databases = [open_evidence(r, hardware=system.name, store=EvidenceStore(store))
+                       for r in refs]
+    foreign: dict[int, str] = {}
+    for ref, db in zip(refs, layer.databases):
+        held = sorted({core[2] for core in db.catalog.schemas})
+        source = {"ref": ref, "digest": db.digest, "records": len(db), "hardware": held}
+        if held and not any(same_device(h, system.name) for h in held):
+            if not allow_foreign:
+                raise ConfigError(f"holds measurements of {', '.join(held)}, but the estimate "
+                                  f"is for {system.name}", source=ref, field="--evidence",
+                                  expected=f"evidence measured on {system.name}, or "
+                                           + FOREIGN_HINT)
+            if len(held) > 1:
+                raise ConfigError(f"holds measurements of {', '.join(held)}; none is "
+                                  f"{system.name} and no single one can stand in for it",
+                                  source=ref, field="--evidence",
+                                  expected=f"evidence of one system, or of {system.name}")
+            foreign[id(db)] = source["foreign_measured_on"] = held[0]
+        layer.sources.append(source)
+    for p in evidence_providers(layer.databases, system, policy):
+        measured_on = foreign.get(id(getattr(p, "database", None)))
+        if measured_on:
+            p = ForeignEvidence(p, measured_on, system.name)
+        layer.providers.append(MeasuredView(p, peak_memory_bw=system.device.memory.bw_bytes_per_s))
+    return layer
+
+
+def profiling_provider(request, system, database: Path, interpolate: bool,
+                       allow_foreign: bool, calibrated: list):
+    """(EmpiricalPerformanceModel, source description) of `--profiling-database`, checked
+    against the estimate's system. Its M5 weight comes from the analytic models."""
+    from perfcast.estimate import make_resolver
+    from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
+    from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
+    from perfcast.evidence.profiling.op_mapping import MAPPING_FILE
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+
+    source = ProfilingDataSource(database, system, request.plan)
+    declared = source.mapping.device
+    foreign = None
+    if not same_device(declared, system.name):
+        if not allow_foreign:
+            what = (f"was measured on {declared}, but the estimate is for {system.name}"
+                    if declared else f"declares no device, so its kernel times cannot be "
+                                     f"attributed to {system.name}")
+            raise ConfigError(what, source=str(Path(database) / MAPPING_FILE), field="device",
+                              expected=f"a database of {system.name} (device: {system.name}), "
+                                       "or " + FOREIGN_HINT)
+        foreign = declared
+        source = ProfilingDataSource(database, system, request.plan, lookup_device=declared)
+    if interpolate:
+        source = InterpolatingDataSource(source)
+    analytic = make_resolver(system, list(calibrated), roofline_mode=request.roofline_mode)
+    provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic,
+                                         foreign_device=foreign)
+    info = {"path": str(database), "device": declared or None,
+            "identity": source.identity[:23], "interpolate": interpolate}
+    if foreign is not None:
+        info["foreign_measured_on"] = declared or "undeclared"
+    return provider, info
+
+
+def model_resolver(name: str, request, system, layer: EvidenceLayer, calibrated: list,
+                   profiling=None):
+    """The resolver of one performance model (None: the default analytic one)."""
+    from perfcast.estimate import make_resolver
+
+    first = [profiling] if name == "profiling" else []
+    chain = [*first, *layer.providers, *calibrated]
+    if not chain:
+        return None
+    return make_resolver(system, chain, roofline_mode=request.roofline_mode)
+
+
+def provider_counts(result) -> dict[str, int]:
+    """Ops (tasks) answered per provider, most first."""
+    counts = Counter(ct.resolution.estimate.provider for ct in result.costed.tasks)
+    return dict(counts.most_common())
+
+
+def evidence_silence(result, layer: EvidenceLayer, context) -> str | None:
+    """Why `--evidence` answered no op (None when it answered some)."""
+    if not layer.providers:
+        return None
+    names = layer.names
+    if any(ct.resolution.estimate.provider in names for ct in result.costed.tasks):
+        return None
+    reasons = Counter(a.reason for ct in result.costed.tasks for a in ct.resolution.attempts
+                      if a.provider in names and a.outcome.value == "miss")
+    asked = ", ".join(f"{k} {v!r}" for k, v in (
+        ("runtime", context.runtime), ("version", context.runtime_revision),
+        ("implementation", context.implementation)) if v) or "no runtime, version or " \
+        "implementation"
+    text = (f"the evidence answered none of the {len(result.costed.tasks)} ops (asked: "
+            f"{asked})")
+    if reasons:
+        text += "; misses: " + "; ".join(f"{r} (x{n})" for r, n in reasons.most_common(3))
+    held = held_context(layer.databases)
+    if held:
+        text += "; the evidence holds " + "; ".join(f"{k}: {', '.join(v)}"
+                                                    for k, v in held.items())
+    return text
+
+
+def held_context(databases) -> dict[str, list[str]]:
+    """Runtimes, versions and implementations the databases' records hold."""
+    out: dict[str, set] = {}
+    for label, key in (("runtimes", "runtime"), ("versions", "runtime_revision"),
+                       ("implementations", "implementation")):
+        for db in databases:
+            out.setdefault(label, set()).update(db.catalog.str_values.get(f"sel.str.{key}", ()))
+    return {k: sorted(v) for k, v in out.items() if v}
