@@ -18,7 +18,7 @@ def test_serve_json_keys_and_consistency(tmp_path):
                                    "256", "--osl", "32", "--format", "json", "--chrome-trace",
                                    str(trace)])
     assert res.exit_code == 0, res.output
-    m = json.loads(res.output)
+    m = json.loads(res.stdout)
     for key in KEYS:
         assert key in m
     for key in KEYS[:4]:
@@ -33,11 +33,11 @@ def test_serve_json_keys_and_consistency(tmp_path):
 
 def test_serve_disagg_and_open_loop_run():
     res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--mode", "disagg",
-                                   "--decode-workers", "2", "--concurrency", "0",
+                                   "--decode-workers", "2",
                                    "--request-rate", "5", "--num-requests", "30", "--isl", "128",
                                    "--osl", "16", "--format", "json", "--backend", "sglang"])
     assert res.exit_code == 0, res.output
-    m = json.loads(res.output)
+    m = json.loads(res.stdout)
     assert m["completed_requests"] == 30 and m["num_gpus"] == 3
 
 
@@ -53,7 +53,7 @@ def test_serve_open_loop_trace(tmp_path):
     res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--arrival-trace", str(trace),
                                    "--isl", "128", "--osl", "8", "--format", "json"])
     assert res.exit_code == 0, res.output
-    m = json.loads(res.output)
+    m = json.loads(res.stdout)
     assert m["completed_requests"] == 4
     # requests far apart never queue: the slowest TTFT is one prefill plus the frontend
     assert m["ttft_ms"]["p99"] < 2 * m["ttft_ms"]["p50"]

@@ -54,6 +54,6 @@ def test_cli_json_and_html_plot(tmp_path):
                                    "--osl", "32", "--concurrency", "2,16", "--tp-sizes", "1,2",
                                    "--executor", "inline", "--format", "json", "--plot", str(plot)])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["evaluated"] == 6 and out["pareto"]
     assert "<svg" in plot.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from enum import Enum
 from pathlib import Path
@@ -13,7 +14,9 @@ from rich.table import Table
 
 from perfcast.cli.calibration_option import CalibrationOption, analytic_for, backend_overheads
 from perfcast.cli.calibration_option import load as load_calibration
-from perfcast.cli.errors import user_errors
+from perfcast.cli.errors import check_output_paths, user_errors
+from perfcast.core.errors import ConfigError
+from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
 
 
 class OutputFormat(str, Enum):
@@ -22,8 +25,6 @@ class OutputFormat(str, Enum):
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
-    from perfcast.core.errors import ConfigError
-
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -42,13 +43,19 @@ def search_command(
     gpus: Annotated[int, typer.Option(help="GPU budget")] = 8,
     isl: Annotated[int, typer.Option()] = 1024,
     osl: Annotated[int, typer.Option()] = 256,
-    concurrency: Annotated[str, typer.Option(help="client concurrencies to try")] = "4,8,16,32,64,128",
+    concurrency: Annotated[str, typer.Option(help="closed-loop client concurrencies to try")
+                           ] = "4,8,16,32,64,128",
     tp_sizes: Annotated[str, typer.Option("--tp-sizes")] = "1,2,4,8",
     dp_sizes: Annotated[str, typer.Option("--dp-sizes", help="attention-DP sizes")] = "1",
-    ep_sizes: Annotated[str, typer.Option("--ep-sizes")] = "1",
+    ep_sizes: Annotated[Optional[str], typer.Option(
+        "--ep-sizes", help="expert-parallel sizes (default: 1; MoE models also EP = TP x DP)")
+    ] = None,
     modes: Annotated[str, typer.Option(help="agg,disagg")] = "agg,disagg",
     max_ttft_ms: Annotated[Optional[float], typer.Option("--max-ttft-ms")] = None,
     max_tpot_ms: Annotated[Optional[float], typer.Option("--max-tpot-ms")] = None,
+    slo_percentile: Annotated[Optional[int], typer.Option(
+        "--slo-percentile", help="judge the SLOs on the p50, p90 or p99 of each "
+        "configuration's requests (default: the mean)")] = None,
     top_n: Annotated[int, typer.Option("--top", help="configurations to list")] = 10,
     executor: Annotated[str, typer.Option(help="local (processes) | inline | ray")] = "local",
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
@@ -56,54 +63,195 @@ def search_command(
     plot: Annotated[Optional[Path], typer.Option(help="write the Pareto plot (.html or .png)")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     calibration: CalibrationOption = "default",
+    allow_long_run: Annotated[bool, typer.Option(
+        "--allow-long-run", help="simulations of more than "
+        f"{MAX_SIMULATED_REQUESTS:,} requests each")] = False,
 ) -> None:
     """Sweep layouts, concurrency and agg vs disagg; print the Pareto frontier and top-N."""
-    from perfcast.serving.search import SearchSpace, candidate_json, search, top
+    from perfcast.hardware import load_system
+    from perfcast.serving.backends import load_backend
+    from perfcast.serving.search import SearchSpace, default_ep_sizes, search
+    from perfcast.workload import load_model_spec
 
     with user_errors():
+        check_output_paths(plot=plot)
+        if plot is not None:
+            from perfcast.serving.plots import check_plot_path
+
+            check_plot_path(plot)
+        if slo_percentile not in (None, 50, 90, 99):
+            raise ConfigError(f"has value {slo_percentile}", field="--slo-percentile",
+                              expected="50, 90 or 99 (default: the mean)")
+        statistic = "mean" if slo_percentile is None else f"p{slo_percentile}"
+        concurrencies = _ints(concurrency, "--concurrency")
+        check_request_count(SearchSpace.prompts_per_concurrency * max(concurrencies),
+                            "--concurrency", allow_long_run)
+        spec = load_model_spec(model)
+        for note in spec.notes:
+            typer.echo(f"note: {note}", err=True)
+        system = load_system(device)
         revision = load_calibration(calibration)
-        from perfcast.hardware import load_system
-        from perfcast.serving.backends import load_backend
-        fitted = backend_overheads(revision, load_backend(backend).name)
+        bk = load_backend(backend)
+        fitted = backend_overheads(revision, bk.name)
+        tps, dps = _ints(tp_sizes, "--tp-sizes"), _ints(dp_sizes, "--dp-sizes")
+        eps = (_ints(ep_sizes, "--ep-sizes") if ep_sizes is not None
+               else default_ep_sizes(spec, tps, dps))
         space = SearchSpace(
-            model=model, system=device, backend=backend, backend_version=backend_version,
-            gpus=gpus, isl=isl, osl=osl, concurrencies=_ints(concurrency, "--concurrency"),
-            tp_sizes=_ints(tp_sizes, "--tp-sizes"), dp_sizes=_ints(dp_sizes, "--dp-sizes"),
-            ep_sizes=_ints(ep_sizes, "--ep-sizes"),
-            modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-            max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms,
+            model=spec, system=device, backend=backend,
+            backend_version=backend_version, gpus=gpus, isl=isl, osl=osl,
+            concurrencies=concurrencies, tp_sizes=tps, dp_sizes=dps,
+            ep_sizes=eps, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+            max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, slo_statistic=statistic,
             evidence_root=str(evidence_root) if evidence_root else None,
-            overheads=tuple(sorted(fitted.items())),
-            extra_providers=tuple((analytic_for(revision) or (lambda _: []))(
-                load_system(device).name)))
-        cands = search(space, executor=executor, workers=workers or None)
+            overheads=tuple(sorted(fitted.items())), allow_long_run=allow_long_run,
+            extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)))
+        with search_progress() as (on_start, on_done):
+            cands = search(space, executor=executor, workers=workers or None,
+                           on_start=on_start, on_done=on_done)
         if plot:
             from perfcast.serving.plots import write_plot
 
             write_plot(cands, plot)
-        best = top(cands, top_n)
-        front = [c for c in cands if c.pareto]
+        calib = revision.digest if revision else "none"
+        evidence = ({"root": str(evidence_root), "backend": bk.name,
+                     "version": _evidence_version(space, system.name)}
+                    if evidence_root else None)
+        doc = search_report(space, spec, system, bk.name, cands, top_n, calib, evidence)
         if output_format is OutputFormat.json:
-            typer.echo(json.dumps({"pareto": [candidate_json(c) for c in front],
-                                   "top": [candidate_json(c) for c in best],
-                                   "evaluated": len(cands),
-                                   "calibration": revision.digest if revision else "none",
-                                   "failed": [{"layout": c.layout, "concurrency": c.concurrency,
-                                               "error": c.error} for c in cands if c.error]},
-                                  indent=2))
+            typer.echo(json.dumps(doc, indent=2))
             return
-        console = Console()
-        for title, rows in (("Pareto frontier", front), (f"top {top_n} by tokens/s/GPU", best)):
-            table = Table(title=title)
-            for col in ("layout", "GPUs", "C", "TTFT ms", "TPOT ms", "tok/s/GPU", "tok/s/user"):
-                table.add_column(col, justify="left" if col == "layout" else "right")
-            for c in rows:
-                m = c.metrics
-                table.add_row(c.layout, str(c.gpus), str(c.concurrency),
-                              f"{m['ttft_ms']['mean']:.1f}", f"{m['tpot_ms']['mean']:.2f}",
-                              f"{m['tokens_per_s_per_gpu']:.1f}",
-                              f"{m['tokens_per_s_per_user']:.1f}")
-            console.print(table)
-        console.print(f"{len(cands)} configurations evaluated, "
-                      f"{sum(c.meets_slo for c in cands)} meet the SLOs, "
-                      f"{sum(bool(c.error) for c in cands)} failed")
+        print_search(doc, Console())
+
+
+def _evidence_version(space, system: str) -> str | None:
+    """The collected version the layouts' evidence came from (as evidence_loader picks)."""
+    from perfcast.serving.evidence import collected_versions, nearest_version
+
+    return nearest_version(space.backend_version,
+                           collected_versions(Path(space.evidence_root), system, space.backend))
+
+
+@contextlib.contextmanager
+def search_progress():
+    """A rich progress bar on stderr over the layouts (only on a terminal)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    progress = Progress("simulating layouts", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True,
+                        disable=not console.is_terminal)
+    task = None
+
+    def on_start(total: int) -> None:
+        nonlocal task
+        task = progress.add_task("layouts", total=total)
+
+    def on_done() -> None:
+        if task is not None:
+            progress.advance(task)
+
+    with progress:
+        yield on_start, on_done
+
+
+def search_report(space, spec, system, backend: str, cands, top_n: int, calibration: str,
+                  evidence: dict | None) -> dict:
+    """The search as JSON: inputs, SLOs, results, failures, provenance."""
+    from perfcast.serving.provenance import provenance_json
+    from perfcast.serving.search import (candidate_json, failure_counts, nearest_misses,
+                                         search_provenance, top)
+
+    rows, queries = search_provenance(cands)
+    best = top(cands, top_n)
+    return {
+        "inputs": {"model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
+                   "device": system.name, "system_digest": system.digest, "backend": backend,
+                   "backend_version": space.backend_version or None, "gpus": space.gpus,
+                   "isl": space.isl, "osl": space.osl, "range_ratio": space.range_ratio,
+                   "client": {"kind": "closed_loop", "concurrencies": list(space.concurrencies),
+                              "requests_per_client": space.prompts_per_concurrency},
+                   "tp_sizes": list(space.tp_sizes), "dp_sizes": list(space.dp_sizes),
+                   "ep_sizes": list(space.ep_sizes), "modes": list(space.modes),
+                   "notes": list(spec.notes)},
+        "slo": {"statistic": space.slo_statistic, "max_ttft_ms": space.max_ttft_ms,
+                "max_tpot_ms": space.max_tpot_ms},
+        "pareto": [candidate_json(c) for c in cands if c.pareto],
+        "top": [candidate_json(c) for c in best],
+        "nearest_misses": [candidate_json(c) for c in nearest_misses(cands, min(top_n, 5))],
+        "evaluated": len(cands),
+        "meet_slo": sum(c.meets_slo for c in cands),
+        "failures": failure_counts(cands),
+        "failed": [{"layout": c.layout, "concurrency": c.concurrency, "error": c.error}
+                   for c in cands if c.error],
+        "calibration": calibration,
+        "provenance": provenance_json(rows, queries, calibration=calibration,
+                                      evidence=evidence),
+    }
+
+
+def print_search(doc: dict, console: Console) -> None:
+    from perfcast.serving.provenance import provenance_lines
+    from perfcast.serving.search import FAILURE_REASONS
+
+    inp, slo = doc["inputs"], doc["slo"]
+    stat = slo["statistic"]
+    for line in (f"model      {inp['model']} ({inp['model_digest'][:19]})",
+                 f"device     {inp['device']} ({inp['system_digest'][:19]}), {inp['gpus']} GPUs",
+                 f"backend    {inp['backend']} {inp['backend_version'] or '(version not given)'}",
+                 f"clients    closed loop, concurrency "
+                 f"{','.join(map(str, inp['client']['concurrencies']))}, "
+                 f"{inp['client']['requests_per_client']} requests per client",
+                 f"layouts    {'/'.join(inp['modes'])}, TP {inp['tp_sizes']}, "
+                 f"DP {inp['dp_sizes']}, EP {inp['ep_sizes']}",
+                 f"lengths    isl {inp['isl']}, osl {inp['osl']}, range ratio "
+                 f"{inp['range_ratio']:g}",
+                 "SLO        " + _slo_text(slo)):
+        console.print(line, markup=False, highlight=False)
+    tables = [("Pareto frontier", doc["pareto"]), (f"top {len(doc['top'])} by tokens/s/GPU",
+                                                   doc["top"])]
+    if doc["nearest_misses"]:
+        tables.append(("nothing meets the SLOs: nearest misses", doc["nearest_misses"]))
+    for title, rows in tables:
+        if not rows:
+            continue
+        table = Table(title=f"{title} (TTFT, TPOT: {stat}, ms)")
+        cols = ["layout", "GPUs", "C", "TTFT", "TPOT", "tok/s/GPU", "tok/s/user"]
+        if rows is doc["nearest_misses"]:
+            cols.append("x SLO")
+        for col in cols:
+            table.add_column(col, justify="left" if col == "layout" else "right",
+                             no_wrap=col == "layout")
+        for c in rows:
+            m = c["metrics"]
+            cells = [c["layout"], str(c["gpus"]), str(c["concurrency"]),
+                     _ms(m["ttft_ms"][stat], 1), _ms(m["tpot_ms"][stat], 2),
+                     f"{m['tokens_per_s_per_gpu']:.1f}", f"{m['tokens_per_s_per_user']:.1f}"]
+            if rows is doc["nearest_misses"]:
+                cells.append(f"{c['slo_excess']:.2f}")
+            table.add_row(*cells)
+        console.print(table)
+    console.print(f"{doc['evaluated']} configurations evaluated, {doc['meet_slo']} meet the "
+                  f"SLOs, {doc['evaluated'] - doc['meet_slo']} do not", highlight=False)
+    for reason, n in doc["failures"].items():
+        console.print(f"  {n:>5} {reason}: {FAILURE_REASONS[reason]}", highlight=False)
+    errors = [f for f in doc["failed"] if f["error"]]
+    if errors:
+        console.print(f"  first error: {errors[0]['layout']} C={errors[0]['concurrency']}: "
+                      f"{errors[0]['error']}", markup=False, highlight=False)
+    console.print("numbers from:", highlight=False)
+    for line in provenance_lines(doc["provenance"]):
+        console.print(f"  {line}", markup=False, highlight=False)
+
+
+def _slo_text(slo: dict) -> str:
+    limits = [f"{name} <= {slo[key]:g} ms" for name, key in (("TTFT", "max_ttft_ms"),
+                                                               ("TPOT", "max_tpot_ms"))
+              if slo[key] is not None]
+    if not limits:
+        return f"none given (tables show the {slo['statistic']})"
+    return (", ".join(limits) + f", judged on the {slo['statistic']} of each configuration's "
+            "requests")
+
+
+def _ms(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

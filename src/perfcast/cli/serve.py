@@ -14,9 +14,11 @@ from rich.table import Table
 from perfcast.cli.calibration_option import (CalibrationOption, analytic_for, backend_overheads,
                                              held_out_error)
 from perfcast.cli.calibration_option import load as load_calibration
-from perfcast.cli.errors import user_errors
+from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate import build_plan
 from perfcast.core.errors import ConfigError
+from perfcast.serving.provenance import provenance_lines
+from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
 
 METRIC_ROWS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "frontend_queue_ms")
 
@@ -45,9 +47,10 @@ def serve_command(
     osl: Annotated[int, typer.Option(help="output tokens per request")] = 128,
     range_ratio: Annotated[float, typer.Option("--range-ratio", help="lengths uniform in "
                                                "[ratio x len, len]; 1 = fixed")] = 1.0,
-    concurrency: Annotated[int, typer.Option(help="closed-loop clients (0: open loop)")] = 8,
-    request_rate: Annotated[float, typer.Option("--request-rate", help="open-loop Poisson "
-                                                "arrivals per second")] = 0.0,
+    concurrency: Annotated[Optional[int], typer.Option(
+        help="closed-loop clients (default 8; not with --request-rate / --arrival-trace)")] = None,
+    request_rate: Annotated[Optional[float], typer.Option(
+        "--request-rate", help="open loop: Poisson arrivals per second")] = None,
     arrival_trace: Annotated[Optional[Path], typer.Option("--arrival-trace", help="open loop: "
                              "a text file with one arrival time (seconds) per line")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", help="default 10 x "
@@ -72,55 +75,62 @@ def serve_command(
     chrome_trace: Annotated[Optional[Path], typer.Option("--chrome-trace", help="write engine "
                                                          "iterations as a Chrome trace")] = None,
     calibration: CalibrationOption = "default",
+    allow_long_run: Annotated[bool, typer.Option(
+        "--allow-long-run", help=f"simulate more than {MAX_SIMULATED_REQUESTS:,} requests")] = False,
 ) -> None:
     """Simulate clients against one engine configuration and report request metrics."""
+    from perfcast.hardware import load_system
     from perfcast.serving.backends import load_backend
     from perfcast.serving.deploy import Pool, ServeConfig, run_serving
+    from perfcast.serving.provenance import provenance_json, tallied
     from perfcast.workload import load_model_spec
     from perfcast.workload.quant import precision_for_model
 
     with user_errors():
+        check_output_paths(chrome_trace=chrome_trace)
+        client = client_settings(concurrency, request_rate, arrival_trace, num_requests,
+                                 warmup_requests)
+        check_request_count(client["num_requests"] + warmup_requests, "--num-requests"
+                            if num_requests else "--concurrency", allow_long_run)
         spec = load_model_spec(model)
+        for note in spec.notes:
+            typer.echo(f"note: {note}", err=True)
         plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, 0)
         precision = precision_for_model(spec, linear_action=quantize_linear_action,
                                         kv_cache_dtype=kv_cache_dtype)
         revision = load_calibration(calibration)
+        system = load_system(device)
         bk = load_backend(backend)
         bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
             policy=policy, token_budget=token_budget, max_running_requests=max_running_requests,
             chunked_prefill=chunked_prefill)
-        arrivals = _read_trace(arrival_trace) if arrival_trace else None
-        if arrivals:
-            concurrency, request_rate = 0, 0.0
-        if concurrency <= 0 and request_rate <= 0 and not arrivals:
-            raise ConfigError("neither clients nor an arrival rate", field="--concurrency",
-                              expected="--concurrency > 0 or --request-rate > 0")
         decode_pool = None
         if mode == "disagg":
             dplan = build_plan(decode_tp_size or tp_size, pp_size, decode_dp_size or dp_size,
                                decode_ep_size or ep_size, 0, 0)
             decode_pool = Pool(dplan, decode_workers)
-        cfg = ServeConfig(model=spec, system=device, backend=bk, backend_version=backend_version,
+        arrivals = client.pop("arrival_times_s")
+        cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=backend_version,
                           precision=precision, mode=mode, pool=Pool(plan, workers),
                           decode_pool=decode_pool, isl=isl, osl=osl, range_ratio=range_ratio,
-                          concurrency=concurrency or None,
-                          request_rate_per_s=request_rate or None,
-                          arrival_times_s=tuple(arrivals) if arrivals else None,
-                          num_requests=num_requests or None, warmup_requests=warmup_requests,
-                          seed=seed, interpolate=not exact, record_trace=chrome_trace is not None)
-        providers, context = (), None
+                          concurrency=client["concurrency"],
+                          request_rate_per_s=client["request_rate_per_s"],
+                          arrival_times_s=arrivals, num_requests=client["num_requests"],
+                          warmup_requests=warmup_requests, seed=seed, interpolate=not exact,
+                          record_trace=chrome_trace is not None)
+        providers, context, evidence = (), None, None
         if evidence_root:
-            from perfcast.hardware import load_system
             from perfcast.serving.evidence import evidence_loader
 
-            ev = evidence_loader(evidence_root)(load_system(device).name, bk.name,
-                                                backend_version)
+            ev = evidence_loader(evidence_root)(system.name, bk.name, backend_version)
             providers, context = ev.providers, (ev.context if ev.providers else None)
+            evidence = {"root": str(evidence_root), "backend": bk.name,
+                        "version": ev.version or None, "note": ev.note or None}
             if ev.note:
                 typer.echo(f"note: {ev.note}", err=True)
-        from perfcast.hardware import load_system as _load_system
-        calibrated = (analytic_for(revision) or (lambda _: []))(_load_system(device).name)
-        result = run_serving(cfg, evidence=(*providers, *calibrated), evidence_context=context)
+        calibrated = (analytic_for(revision) or (lambda _: []))(system.name)
+        wrapped, tally = tallied((*providers, *calibrated))
+        result = run_serving(cfg, evidence=wrapped, evidence_context=context)
         if chrome_trace:
             from perfcast.serving.trace import write_iteration_trace
 
@@ -128,15 +138,91 @@ def serve_command(
         metrics = result.metrics.to_json()
         metrics["calibration"] = revision.digest if revision is not None else "none"
         metrics["calibration_held_out_error"] = held_out_error(revision)
+        metrics["inputs"] = {
+            "model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
+            "device": system.name, "system_digest": system.digest,
+            "backend": bk.name, "backend_version": backend_version or None,
+            "mode": mode, "layout": _layout(plan, workers, decode_pool),
+            "precision": {"weight": precision.weight, "activation": precision.activation,
+                          "kv_cache": precision.kv_cache},
+            "scheduler": {"policy": bk.scheduler.policy,
+                          "token_budget": bk.scheduler.token_budget,
+                          "max_running_requests": bk.scheduler.max_running_requests,
+                          "chunked_prefill": bk.scheduler.chunked_prefill},
+            "client": {**client, "isl": isl, "osl": osl, "range_ratio": range_ratio,
+                       "warmup_requests": warmup_requests, "seed": seed},
+            "interpolate": not exact, "notes": list(spec.notes)}
+        metrics["provenance"] = provenance_json(
+            tally.rows(), tally.queries if wrapped else None,
+            calibration=metrics["calibration"], evidence=evidence)
         if output_format is OutputFormat.json:
             typer.echo(json.dumps(metrics, indent=2))
             return
         _print_table(metrics, Console())
 
 
+def client_settings(concurrency: int | None, request_rate: float | None,
+                    arrival_trace: Path | None, num_requests: int, warmup: int) -> dict:
+    """Closed loop (--concurrency, default 8) or open loop (--request-rate or
+    --arrival-trace); asking for both is an error, not a silent choice."""
+    open_flags = [flag for flag, value in (("--request-rate", request_rate),
+                                           ("--arrival-trace", arrival_trace))
+                  if value is not None]
+    if len(open_flags) == 2:
+        raise ConfigError("--request-rate and --arrival-trace both set the arrivals",
+                          field="--arrival-trace", expected="one of them")
+    if open_flags and concurrency is not None:
+        raise ConfigError(f"--concurrency (closed-loop clients) and {open_flags[0]} (open-loop "
+                          "arrivals) exclude each other", field="--concurrency",
+                          expected="--concurrency C, or --request-rate R / --arrival-trace FILE")
+    if num_requests < 0 or warmup < 0:
+        raise ConfigError(f"--num-requests {num_requests}, --warmup-requests {warmup}",
+                          field="--num-requests", expected="non-negative integers")
+    if request_rate is not None:
+        if not request_rate > 0:
+            raise ConfigError(f"has value {request_rate}", field="--request-rate",
+                              expected="a positive rate (requests per second)")
+        return {"kind": "open_loop_poisson", "concurrency": None,
+                "request_rate_per_s": request_rate, "arrival_trace": None,
+                "num_requests": num_requests or 200, "arrival_times_s": None}
+    if arrival_trace is not None:
+        times = _read_trace(arrival_trace)
+        n = num_requests or len(times) - warmup
+        if n < 1 or n + warmup > len(times):
+            raise ConfigError(f"holds {len(times)} arrivals for {n} requests + {warmup} warm-up",
+                              source=str(arrival_trace), field="--arrival-trace",
+                              expected="one arrival per simulated request")
+        return {"kind": "open_loop_trace", "concurrency": None, "request_rate_per_s": None,
+                "arrival_trace": str(arrival_trace), "num_requests": n,
+                "arrival_times_s": tuple(times)}
+    clients = 8 if concurrency is None else concurrency
+    if clients < 1:
+        raise ConfigError(f"has value {clients}", field="--concurrency",
+                          expected="a positive number of clients (open loop: --request-rate "
+                                   "or --arrival-trace)")
+    return {"kind": "closed_loop", "concurrency": clients, "request_rate_per_s": None,
+            "arrival_trace": None, "num_requests": num_requests or 10 * clients,
+            "arrival_times_s": None}
+
+
+def _layout(plan, workers: int, decode_pool) -> dict:
+    out = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep,
+           "moe_tp": plan.moe_tp_size, "workers": workers}
+    if decode_pool is not None:
+        d = decode_pool.plan
+        out["decode"] = {"tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
+                         "workers": decode_pool.workers}
+    return out
+
+
 def _read_trace(path: Path) -> list[float]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the arrival trace: {getattr(exc, 'strerror', None) or exc}",
+                          source=str(path), field="--arrival-trace") from None
     times = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -150,7 +236,35 @@ def _read_trace(path: Path) -> list[float]:
     return times
 
 
+def input_lines(inputs: dict) -> list[str]:
+    """What was simulated, one short line per input, for the table output."""
+    lay, c = inputs["layout"], inputs["client"]
+    layout = f"{inputs['mode']} {lay['workers']}x tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']}"
+    if "decode" in lay:
+        d = lay["decode"]
+        layout += f" + decode {d['workers']}x tp{d['tp']} dp{d['dp']} ep{d['ep']}"
+    if c["kind"] == "closed_loop":
+        clients = f"closed loop, {c['concurrency']} clients"
+    elif c["kind"] == "open_loop_poisson":
+        clients = f"open loop, Poisson {c['request_rate_per_s']:g} req/s"
+    else:
+        clients = f"open loop, arrivals from {c['arrival_trace']}"
+    p = inputs["precision"]
+    return [f"model      {inputs['model']} ({inputs['model_digest'][:19]})",
+            f"device     {inputs['device']} ({inputs['system_digest'][:19]})",
+            f"layout     {layout}",
+            f"backend    {inputs['backend']} {inputs['backend_version'] or '(version not given)'}"
+            f", {inputs['scheduler']['policy']}",
+            f"precision  weights {p['weight']}, activations {p['activation']}, "
+            f"KV {p['kv_cache']}",
+            f"clients    {clients}; {c['num_requests']} requests (+{c['warmup_requests']} "
+            "warm-up)",
+            f"lengths    isl {c['isl']}, osl {c['osl']}, range ratio {c['range_ratio']:g}"]
+
+
 def _print_table(metrics: dict, console: Console) -> None:
+    for line in input_lines(metrics["inputs"]):
+        console.print(line, markup=False, highlight=False)
     table = Table(title="request latency (ms)")
     table.add_column("metric")
     for k in ("mean", "p50", "p90", "p99"):
@@ -166,7 +280,9 @@ def _print_table(metrics: dict, console: Console) -> None:
         value = metrics[key]
         console.print(f"{key:28s} {value:.3f}" if isinstance(value, float)
                       else f"{key:28s} {value}")
-    console.print(f"{'calibration':28s} {metrics['calibration']}")
+    console.print("numbers from:", highlight=False)
+    for line in provenance_lines(metrics["provenance"]):
+        console.print(f"  {line}", markup=False, highlight=False)
     for scheme, err in (metrics.get("calibration_held_out_error") or {}).items():
         console.print(f"  held-out error ({scheme}): TTFT MAPE {100 * err['ttft_mape']:.1f}%, "
                       f"TPOT MAPE {100 * err['tpot_mape']:.1f}% over {err['rows']} rows")

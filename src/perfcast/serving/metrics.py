@@ -1,8 +1,9 @@
 """Request-level metrics of a simulation: latency statistics and throughputs.
 
 Definitions (those of benchmark_serving):
-* TTFT: first token time - arrival; TPOT: (e2e - TTFT) / (output tokens - 1), for
-  requests with more than one output token; ITL: every gap between consecutive tokens
+* TTFT: first token time - arrival (so it includes every queueing delay before the
+  first token); TPOT: (e2e - TTFT) / (output tokens - 1), for requests with more than
+  one output token (it excludes the first token); ITL: every gap between consecutive tokens
   of a request (weighted over all measured requests); E2E: finish - arrival.
 * frontend_queue_ms: time a request waited for the server front-end's turn beyond its
   fixed latency (part of TTFT; zero unless the backend serialises front-end work).

@@ -73,11 +73,24 @@ def write_png(cands, path: Path) -> None:
     plt.close(fig)
 
 
+def check_plot_path(path: Path) -> None:
+    """Refuse, before any work, a plot that could not be written: an unknown suffix or a
+    PNG without matplotlib (the folder is checked by cli.errors.check_output_paths)."""
+    suffix = path.suffix.lower()
+    if suffix not in (".html", ".htm", ".png"):
+        raise ConfigError(f"unknown plot format {path.suffix!r}", source=str(path),
+                          field="--plot", expected="a .html or .png path")
+    if suffix == ".png":
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("PNG plots need matplotlib", source=str(path), field="--plot",
+                              expected="`pip install matplotlib` or an .html path") from None
+
+
 def write_plot(cands, path: Path) -> None:
-    if path.suffix.lower() in (".html", ".htm"):
-        write_html(cands, path)
-    elif path.suffix.lower() == ".png":
+    check_plot_path(path)
+    if path.suffix.lower() == ".png":
         write_png(cands, path)
     else:
-        raise ConfigError(f"unknown plot format {path.suffix!r}", field="--plot",
-                          expected="a .html or .png path")
+        write_html(cands, path)

@@ -2,6 +2,11 @@
 for a GPU budget; keep the configurations that meet the TTFT/TPOT limits; report the
 Pareto frontier of tokens/s/GPU against tokens/s/user and the top-N.
 
+Each configuration is judged on one statistic of its requests' TTFT and TPOT
+(`slo_statistic`: the mean, or p50 / p90 / p99); one that misses says why
+(`Candidate.failures`) and by how much (`Candidate.slo_excess`: the largest ratio of a
+statistic to its limit).
+
 Each candidate layout (mode, TP/attention-DP/EP per pool, worker counts) is one task
 that simulates every concurrency with a shared step-cost cache. Tasks run in local
 processes (`executor="local"`), inline (`"inline"`), or on a Ray cluster (`"ray"`,
@@ -12,16 +17,27 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError, PerfcastError
 from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
+from perfcast.serving.metrics import STAT_KEYS
+from perfcast.serving.provenance import tallied
+from perfcast.serving.requests import check_request_count
 from perfcast.workload import ModelSpec, ParallelPlan, load_model_spec
 
 EXECUTORS = ("local", "inline", "ray")
+# why a configuration is not in the results (Candidate.failures)
+FAILURE_REASONS = {
+    "simulation_error": "the simulation failed (e.g. the weights leave no room for a KV cache)",
+    "rejected_requests": "some requests can never fit the engine's KV cache",
+    "ttft_above_slo": "TTFT above --max-ttft-ms",
+    "tpot_above_slo": "TPOT above --max-tpot-ms",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +61,10 @@ class SearchSpace:
     modes: tuple[str, ...] = ("agg", "disagg")
     max_ttft_ms: float | None = None
     max_tpot_ms: float | None = None
+    slo_statistic: str = "mean"          # mean | p50 | p90 | p99 of each configuration
     prompts_per_concurrency: int = 5
     evidence_root: str | None = None
+    allow_long_run: bool = False         # simulations above MAX_SIMULATED_REQUESTS
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,11 @@ class Candidate:
     error: str = ""
     meets_slo: bool = False
     pareto: bool = False
+    failures: tuple[str, ...] = ()       # keys of FAILURE_REASONS
+    slo_excess: float | None = None      # max(statistic / limit) over the SLOs given
+    # answers per provider of this layout's cost queries (provenance.Tally.rows())
+    provenance: list = field(default_factory=list)
+    cost_queries: int | None = None
 
 
 def _plans(space: SearchSpace, limit: int) -> list[ParallelPlan]:
@@ -139,7 +162,7 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
         ev = _evidence(space.evidence_root, load_system(space.system).name, space.backend,
                        space.backend_version)
         providers, context = ev.providers, (ev.context if ev.providers else None)
-    providers = (*providers, *space.extra_providers)
+    providers, tally = tallied((*providers, *space.extra_providers))
     cache = StepModelCache()
     out = []
     for c in space.concurrencies:
@@ -157,9 +180,13 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
             cand.metrics = res.metrics.to_json()
             if res.metrics.rejected_requests:
                 cand.error = res.rejected[0].reject_reason
+                cand.failures = ("rejected_requests",)
         except PerfcastError as exc:
             cand.error = str(exc)
+            cand.failures = ("simulation_error",)
         out.append(cand)
+    for cand in out:   # the layout's step costs are shared by its concurrencies
+        cand.provenance, cand.cost_queries = tally.rows(), tally.queries if providers else None
     return out
 
 
@@ -168,19 +195,28 @@ def _run_task(args: tuple[SearchSpace, Layout]) -> list[Candidate]:
 
 
 def run_tasks(space: SearchSpace, todo: Sequence[Layout], executor: str,
-              workers: int | None) -> list[Candidate]:
+              workers: int | None, on_done: Callable[[], None] | None = None
+              ) -> list[Candidate]:
+    """Evaluate every layout; `on_done()` is called as each one finishes."""
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}", field="--executor",
                           expected=" | ".join(EXECUTORS))
     tasks = [(space, lay) for lay in todo]
+    done = on_done or (lambda: None)
+    results: list = [None] * len(tasks)
     if executor == "inline" or len(tasks) <= 1:
-        results = [_run_task(t) for t in tasks]
+        for i, t in enumerate(tasks):
+            results[i] = _run_task(t)
+            done()
     elif executor == "local":
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         n = workers or max(1, min(len(tasks), os.cpu_count() or 1))
         with ProcessPoolExecutor(max_workers=n) as pool:
-            results = list(pool.map(_run_task, tasks))
+            futures = {pool.submit(_run_task, t): i for i, t in enumerate(tasks)}
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                done()
     else:
         try:
             import ray
@@ -190,7 +226,13 @@ def run_tasks(space: SearchSpace, todo: Sequence[Layout], executor: str,
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, include_dashboard=False)
         remote = ray.remote(_run_task)
-        results = ray.get([remote.remote(t) for t in tasks])
+        refs = [remote.remote(t) for t in tasks]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            results[index[ready[0]]] = ray.get(ready[0])
+            done()
     return [c for group in results for c in group]
 
 
@@ -209,23 +251,83 @@ def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
     return sorted(front, key=lambda c: c.metrics["tokens_per_s_per_user"])
 
 
-def search(space: SearchSpace, *, executor: str = "local",
-           workers: int | None = None) -> list[Candidate]:
+def search(space: SearchSpace, *, executor: str = "local", workers: int | None = None,
+           on_start: Callable[[int], None] | None = None,
+           on_done: Callable[[], None] | None = None) -> list[Candidate]:
+    """Evaluate the space; `on_start(layouts)` once the layouts are known, `on_done()`
+    as each finishes (progress)."""
+    if space.slo_statistic not in STAT_KEYS:
+        raise ConfigError(f"unknown SLO statistic {space.slo_statistic!r}",
+                          field="--slo-percentile", expected="mean, p50, p90 or p99")
+    if space.prompts_per_concurrency < 1:
+        raise ConfigError(f"is {space.prompts_per_concurrency}", field="prompts_per_concurrency",
+                          expected="a positive integer")
+    check_request_count(space.prompts_per_concurrency * max(space.concurrencies),
+                        "--concurrency", space.allow_long_run)
     todo = layouts(space)
     if not todo:
         raise ConfigError(f"no layout fits {space.gpus} GPUs with TP in {space.tp_sizes}",
                           field="--gpus", expected="a budget that some layout divides")
-    cands = run_tasks(space, todo, executor, workers)
+    if on_start is not None:
+        on_start(len(todo))
+    cands = run_tasks(space, todo, executor, workers, on_done)
     for c in cands:
-        if c.error or not c.metrics:
-            continue
-        ttft, tpot = c.metrics["ttft_ms"]["mean"], c.metrics["tpot_ms"]["mean"]
-        c.meets_slo = ((space.max_ttft_ms is None or (ttft is not None and ttft <= space.max_ttft_ms))
-                       and (space.max_tpot_ms is None
-                            or (tpot is not None and tpot <= space.max_tpot_ms)))
+        judge(c, space)
     for c in pareto_front(cands):
         c.pareto = True
     return cands
+
+
+def judge(c: Candidate, space: SearchSpace) -> None:
+    """Set meets_slo, failures and slo_excess of one simulated configuration."""
+    if c.error or not c.metrics:
+        return
+    stat = space.slo_statistic
+    failures, excess = [], []
+    for key, limit, reason in (("ttft_ms", space.max_ttft_ms, "ttft_above_slo"),
+                               ("tpot_ms", space.max_tpot_ms, "tpot_above_slo")):
+        if limit is None:
+            continue
+        value = c.metrics[key][stat]
+        if value is None:   # no request produced it (e.g. every output is one token)
+            failures.append(reason)
+            continue
+        excess.append(value / limit if limit > 0 else float("inf"))
+        if value > limit:
+            failures.append(reason)
+    c.failures = tuple(failures)
+    c.slo_excess = max(excess) if excess else None
+    c.meets_slo = not failures
+
+
+def failure_counts(cands: Sequence[Candidate]) -> dict[str, int]:
+    """Configurations per failure reason (one configuration may miss both SLOs)."""
+    counts = Counter(r for c in cands for r in c.failures)
+    return {r: counts[r] for r in FAILURE_REASONS if counts[r]}
+
+
+def nearest_misses(cands: Sequence[Candidate], n: int) -> list[Candidate]:
+    """When nothing meets the SLOs: the configurations closest to them (smallest
+    largest ratio of statistic to limit)."""
+    if any(c.meets_slo for c in cands):
+        return []
+    near = [c for c in cands if c.slo_excess is not None and not c.error]
+    return sorted(near, key=lambda c: (c.slo_excess, -c.metrics["tokens_per_s_per_gpu"]))[:n]
+
+
+def is_moe(model: ModelSpec) -> bool:
+    from perfcast.workload.families.traits import NUM_EXPERTS_KEYS
+
+    return any(isinstance(model.get(k), int) and model.get(k) > 1 for k in NUM_EXPERTS_KEYS)
+
+
+def default_ep_sizes(model: ModelSpec, tp_sizes: Sequence[int],
+                     dp_sizes: Sequence[int]) -> tuple[int, ...]:
+    """EP 1 for dense models; for MoE models also EP = TP x attention-DP of each layout
+    (experts spread over every device of a replica, as MoE deployments usually run)."""
+    if not is_moe(model):
+        return (1,)
+    return tuple(sorted({1, *(tp * dp for tp in tp_sizes for dp in dp_sizes)}))
 
 
 def top(cands: Sequence[Candidate], n: int) -> list[Candidate]:
@@ -234,5 +336,18 @@ def top(cands: Sequence[Candidate], n: int) -> list[Candidate]:
 
 
 def candidate_json(c: Candidate) -> dict:
+    """One configuration; provenance is reported once for the whole search."""
     d = asdict(c)
+    del d["provenance"], d["cost_queries"]
     return d
+
+
+def search_provenance(cands: Sequence[Candidate]) -> tuple[list[dict], int | None]:
+    """Answers per provider summed over layouts (one Tally per layout: each candidate of
+    a layout carries the same rows), and the distinct queries summed likewise."""
+    seen: dict[str, Candidate] = {}
+    for c in cands:
+        seen.setdefault(c.layout, c)
+    rows = [row for c in seen.values() for row in c.provenance]
+    queries = [c.cost_queries for c in seen.values()]
+    return rows, (None if not queries or None in queries else sum(queries))
