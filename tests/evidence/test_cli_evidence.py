@@ -128,17 +128,22 @@ def test_estimate_uses_measured_attention(store):
     assert all(op["provider"] in ("roofline", "collective_model") for op in plain["ops"])
 
 
-def test_import_vidur_and_table_then_coverage(tmp_path):
-    vidur = Path(__file__).parents[1] / "fixtures" / "vidur" / "h100_Llama-2-7b-hf_mlp.csv"
-    out = run("evidence", "import", "vidur", vidur, "--system", "h100_sxm", "--dtype", "fp16",
-              "--store", tmp_path)
-    assert out.exit_code == 0, out.output
+def _gemm_spec(tmp_path: Path) -> Path:
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: lab\nsubject: operator\nsource: lab\nsource_revision: r1\n"
                     "method: measured\nlatency_column: t_us\nlatency_unit: us\n"
                     "operation: gemm\nhardware: h100_sxm\ndatatype: bf16\n"
                     "selector_columns: {m: M, n: N, k: K}\n"
                     "selector_types: {m: int, n: int, k: int}\n")
+    return spec
+
+
+def test_import_vidur_and_table_then_coverage(tmp_path):
+    vidur = Path(__file__).parents[1] / "fixtures" / "vidur" / "h100_Llama-2-7b-hf_mlp.csv"
+    out = run("evidence", "import", "vidur", vidur, "--system", "h100_sxm", "--dtype", "fp16",
+              "--store", tmp_path)
+    assert out.exit_code == 0, out.output
+    spec = _gemm_spec(tmp_path)
     table = tmp_path / "lab.csv"
     table.write_text("M,N,K,t_us\n64,4096,4096,12.5\n128,4096,4096,13.0\n")
     out = run("evidence", "import", "table", table, "--spec", spec, "--store", tmp_path)
@@ -147,9 +152,37 @@ def test_import_vidur_and_table_then_coverage(tmp_path):
     cov = json.loads(run("evidence", "coverage", digest[7:15], "--store", tmp_path,
                          "--format", "json").output)
     assert cov[0].pop("latency_s") == pytest.approx([12.5e-6, 13.0e-6])
+    # both rows run near their roofline time: screened, not flagged
     assert cov == [{"operation": "gemm", "hardware": "h100_sxm", "dtype": "bf16", "rows": 2,
-                    "axes": {"k": [4096, 4096], "m": [64, 128], "n": [4096, 4096]}}]
+                    "axes": {"k": [4096, 4096], "m": [64, 128], "n": [4096, 4096]},
+                    "screen": {"screened": 2, "below_roofline": 0, "slower_than_factor": 0}}]
     assert len(digest_of(tmp_path)) == 2
     bad = run("evidence", "import", "table", table, "--spec", tmp_path / "nope.yaml",
               "--store", tmp_path)
     assert bad.exit_code == 2 and "nope.yaml" in bad.output
+
+
+def test_import_reports_implausible_rows_and_stores_the_fitted_overheads(tmp_path):
+    spec = _gemm_spec(tmp_path)
+    # small-work rows at 4 us + weight bytes at 2.7 TB/s, and one planted row 50x slower
+    # than its roofline plus one launch
+    lines = ["M,N,K,t_us"]
+    for m in (1, 2, 4, 8, 16):
+        for n in (256, 512, 1024, 2048):
+            lines.append(f"{m},{n},1024,{4.0 + n * 1024 * 2 / 2.7e6:.4f}")
+    lines.append("8,2048,2048,1000.0")
+    table = tmp_path / "lab.csv"
+    table.write_text("\n".join(lines) + "\n")
+    out = run("evidence", "import", "table", table, "--spec", spec, "--store", tmp_path)
+    assert out.exit_code == 0, out.output
+    assert "plausibility screen flagged gemm/bf16/-: 1 slower than 10x" in out.output
+    digest = out.output.split()[0]
+    derived = tmp_path / "derived" / digest[7:] / "harness_overhead.v1.json"
+    assert derived.exists() and f"stored in {derived}" in out.output
+    doc = json.loads(derived.read_text())
+    # the robust fit is not moved by the planted row: the intercept is the 4 us per call
+    assert doc["source_revision"] == digest and doc["entries"][0]["rows"] == 21
+    assert doc["entries"][0]["intercept_s"] == pytest.approx(4e-6, abs=0.2e-6)
+    cov = json.loads(run("evidence", "coverage", digest[7:15], "--store", tmp_path,
+                         "--format", "json").stdout)
+    assert cov[0]["screen"] == {"screened": 21, "below_roofline": 0, "slower_than_factor": 1}

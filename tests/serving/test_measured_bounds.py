@@ -1,61 +1,15 @@
-"""Fixed cost per call of measured GEMM tables, the harness facts that say which part of
-it a deployment does not run, the memory-bandwidth floor of measured answers, and the
-memory-bound screen of measured silicon rows."""
+"""The memory-bandwidth floor of measured answers and the memory-bound screen of
+measured silicon rows (per-call harness overheads: tests/serving/test_kernel_evidence.py)."""
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 
 from perfcast.evidence.contracts import (CostEstimate, CostQuery, CostSubject, EstimateMethod,
                                          MatchKind)
-from perfcast.evidence.measured_view import MeasuredView, gemm_fixed_costs
-from perfcast.serving.evidence import harness_gemm_excess
+from perfcast.evidence.measured_view import MeasuredView
 from perfcast.serving.silicon import ModelResolver, below_memory_bound, load_rules, row_config
 from perfcast.workload.tensors import TensorSpec
-
-
-def _gemm_table(fixed: dict[str, float], bw: float) -> pa.Table:
-    """Rows whose latency is exactly fixed[dtype] + weight bytes / bw."""
-    width = {"bf16": 2, "fp8": 1, "fp8_block": 1}
-    rows = {"operation": [], "dtype": [], "sel.int.m": [], "sel.int.n": [], "sel.int.k": [],
-            "latency_s": []}
-    for dtype, a in fixed.items():
-        for m in (1, 4, 8, 16, 64):
-            for n in (4096, 8192, 16384, 28672):
-                for k in (4096, 8192):
-                    rows["operation"].append("gemm")
-                    rows["dtype"].append(dtype)
-                    rows["sel.int.m"].append(m)
-                    rows["sel.int.n"].append(n)
-                    rows["sel.int.k"].append(k)
-                    # m = 64 rows are off the fit (m <= 16): give them a different intercept
-                    extra = 50e-6 if m == 64 else 0.0
-                    rows["latency_s"].append(a + extra + n * k * width[dtype] / bw)
-    rows["operation"].append("attention")
-    rows["dtype"].append("bf16")
-    for key in ("sel.int.m", "sel.int.n", "sel.int.k"):
-        rows[key].append(None)
-    rows["latency_s"].append(1.0)
-    return pa.table(rows)
-
-
-def test_fixed_cost_is_the_intercept_of_the_small_m_rows():
-    fixed = gemm_fixed_costs(_gemm_table({"bf16": 4e-6, "fp8": 15e-6, "fp8_block": 30e-6},
-                                         2.8e12))
-    assert fixed == pytest.approx({"bf16": 4e-6, "fp8": 15e-6, "fp8_block": 30e-6}, abs=1e-9)
-
-
-def test_harness_facts_name_the_excess_a_deployment_does_not_run():
-    fixed = {"bf16": 4e-6, "fp8": 16e-6, "fp8_block": 30e-6}
-    trt = harness_gemm_excess("trtllm", fixed)
-    assert set(trt) == {"fp8"}      # dynamic scaling: one of two extra kernels
-    assert trt["fp8"][0] == pytest.approx(6e-6) and "input_scale" in trt["fp8"][1]
-    vllm = harness_gemm_excess("vllm", fixed)
-    assert set(vllm) == {"fp8_block"}   # eager timing vs the graph-timed per-tensor path
-    assert vllm["fp8_block"][0] == pytest.approx(14e-6)
-    assert harness_gemm_excess("sglang", fixed) == {}
-    assert harness_gemm_excess("vllm", {"bf16": 4e-6, "fp8": 9e-6, "fp8_block": 8e-6}) == {}
 
 
 class _Fixed:
@@ -77,21 +31,6 @@ def _query(operation: str, weight: str) -> CostQuery:
     return CostQuery(subject=CostSubject.OPERATOR, operation=operation, hardware="h100_sxm",
                      dtype="fp8", inputs=(TensorSpec((8, 4096), "bf16"),
                                           TensorSpec((4096, 4096), weight)))
-
-
-def test_measured_view_takes_the_excess_off_gemm_answers_only():
-    view = MeasuredView(_Fixed(30e-6), {"fp8": (6e-6, "why")})
-    est = view.estimate(_query("gemm", "fp8"))
-    assert est.latency_s == pytest.approx(24e-6)
-    assert est.components["harness_fixed_cost_s"] == pytest.approx(-6e-6)
-    assert any("6.0 us" in a and "why" in a for a in est.assumptions)
-    # another weight format, or another operation, is untouched
-    assert MeasuredView(_Fixed(30e-6), {"fp8": (6e-6, "why")}).estimate(
-        _query("gemm", "fp8_block")).latency_s == pytest.approx(30e-6)
-    assert view.estimate(_query("moe", "fp8")).latency_s == pytest.approx(30e-6)
-    # never more than half of the measured call
-    small = MeasuredView(_Fixed(8e-6), {"fp8": (6e-6, "why")}).estimate(_query("gemm", "fp8"))
-    assert small.latency_s == pytest.approx(4e-6)
 
 
 def _bytes_query(operation: str, nbytes: float) -> CostQuery:

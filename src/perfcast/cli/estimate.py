@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +16,9 @@ from perfcast.cli.calibration_option import CalibrationOption
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate_sources import (
+    AUTO,
     check_combination,
+    engine_kernels,
     evidence_layer,
     evidence_silence,
     model_resolver,
@@ -200,7 +203,9 @@ def estimate_command(
                                               "trtllm ...")] = "",
     runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
     implementation: Annotated[Optional[list[str]], typer.Option(
-        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
+        "--implementation", help="KERNEL (every op), OP=KERNEL (repeat), or auto: the kernel "
+                                 "the --runtime's dispatch rules pick per op and shape, each "
+                                 "op at the collected version nearest --runtime-version")] = None,
     op_dim: Annotated[Optional[list[str]], typer.Option(
         "--op-dim", help="OP:NAME=VALUE extra selector for one operation, e.g. "
                          "all_reduce:backend=vllm_graph (repeat)")] = None,
@@ -239,7 +244,9 @@ def estimate_command(
             precision = precision_for_model(spec, linear_action=quantize_linear_action,
                                             attention_action=quantize_attention_action,
                                             kv_cache_dtype=kv_cache_dtype)
-        context = evidence_context(runtime, runtime_version, implementation or [], op_dim or [])
+        auto = AUTO in (implementation or [])
+        context = evidence_context(runtime, runtime_version,
+                                   [i for i in implementation or [] if i != AUTO], op_dim or [])
         request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch, context=context,
                                   precision=precision, logits=logits, roofline_mode=roofline_mode,
                                   num_microbatches=num_microbatches, pp_schedule=pp_schedule,
@@ -253,6 +260,9 @@ def estimate_command(
         calibrated = calibrated_for(device, revision)
         layer = evidence_layer(system, evidence or [], evidence_policy, store,
                                allow_foreign_evidence)
+        if auto:
+            layer, context = engine_kernels(layer, context, system)
+            request = replace(request, context=context)
         results, sources = {}, {}
         for name in models:
             profiling, sources[name] = None, {}

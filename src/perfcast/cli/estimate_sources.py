@@ -171,3 +171,59 @@ def held_context(databases) -> dict[str, list[str]]:
         for db in databases:
             out.setdefault(label, set()).update(db.catalog.str_values.get(f"sel.str.{key}", ()))
     return {k: sorted(v) for k, v in out.items() if v}
+
+
+AUTO = "auto"
+
+
+def engine_kernels(layer: EvidenceLayer, context, system):
+    """`--implementation auto`: the evidence asked for the kernel the runtime's dispatch
+    rules pick per query (`serving.kernel_evidence.EngineKernelView`, as `serve` asks),
+    each operation at the collected version nearest `--runtime-version`; the context
+    states the most-measured kernel per operation and dtype where no rule applies.
+    Returns (layer, context). The per-call harness correction is serving's (CUDA-graph
+    replay) and is not applied here: `estimate` reads the tables as measured."""
+    from dataclasses import replace
+
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.database import PerformanceDatabase
+    from perfcast.serving.evidence import held_kernels, implementations, nearest_version
+    from perfcast.serving.kernel_dispatch import dispatch_rules
+    from perfcast.serving.kernel_evidence import EngineKernelView
+
+    if not context.runtime:
+        raise ConfigError("--implementation auto needs the runtime whose dispatch rules "
+                          "choose the kernels", field="--runtime",
+                          expected="vllm | sglang | trtllm ...")
+    if not layer.providers:
+        raise ConfigError("--implementation auto chooses among measured kernels",
+                          field="--evidence", expected="at least one --evidence source")
+    db = PerformanceDatabase.concat(layer.databases, name="estimate evidence") \
+        if len(layer.databases) > 1 else layer.databases[0]
+    versions = _versions_per_operation(db, context.runtime)
+    family_versions = {op: nearest_version(context.runtime_revision, vs)
+                       for op, vs in versions.items()}
+    held = held_kernels(db)
+    views = [EngineKernelView(p, system=system, engine=context.runtime,
+                              engine_version=context.runtime_revision,
+                              family_versions=family_versions, held=held,
+                              dispatch=dispatch_rules(context.runtime))
+             for p in layer.providers]
+    new_context = replace(context, implementation="",
+                          implementations=FrozenDict({**implementations(db),
+                                                      **dict(context.implementations)}))
+    return replace(layer, providers=views), new_context
+
+
+def _versions_per_operation(db, runtime: str) -> dict[str, list[str]]:
+    """Per operation, the runtime revisions of `runtime` the records hold."""
+    table = db.table
+    cols = ("sel.str.runtime", "sel.str.runtime_revision")
+    if not all(c in table.column_names for c in cols):
+        return {}
+    out: dict[str, set] = {}
+    for op, rt, rev in zip(table.column("operation").to_pylist(),
+                           *(table.column(c).to_pylist() for c in cols)):
+        if rt == runtime and rev:
+            out.setdefault(op, set()).add(rev)
+    return {op: sorted(v) for op, v in out.items()}

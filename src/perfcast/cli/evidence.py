@@ -45,15 +45,44 @@ def _system(text: str, flag: str = "--system") -> str:
     return system_id(text, field=flag)
 
 
-def _report_import(db, store_path: Optional[Path]) -> None:
-    """Store the snapshot and say what was imported, skipped (counts per reason) and
-    left unused."""
-    from perfcast.cli.progress import progress_bar
+def _catalog_system(hardware: str):
+    """The catalog System of a record's hardware id, or None (not screened)."""
+    from perfcast.hardware import load_system
 
+    try:
+        return load_system(hardware)
+    except ConfigError:
+        return None
+
+
+def _report_import(db, store_path: Optional[Path]) -> None:
+    """Store the snapshot and say what was imported, skipped (counts per reason), left
+    unused and flagged by the plausibility screen; store the GEMM tables' fitted per-call
+    overheads beside the snapshot (a derived record)."""
+    from perfcast.cli.progress import progress_bar
+    from perfcast.evidence.harness_overhead import fit_call_overheads, save_correction
+    from perfcast.evidence.plausibility import screen_table, summary_line
+
+    evidence_store = _store(store_path)
     with progress_bar("writing snapshot", 1) as advance:
-        digest = _store(store_path).put(db, note=db.name)
+        digest = evidence_store.put(db, note=db.name)
         advance(1, 1)
     typer.echo(f"{digest}  {len(db)} records  {db.name}")
+    hardware = sorted(set(db.table.column("hardware").to_pylist()))
+    for hw in hardware:
+        system = _catalog_system(hw)
+        if system is None:
+            continue
+        import pyarrow.compute as pc
+
+        part = db.table.filter(pc.equal(db.table["hardware"], hw))
+        prefix = f"{hw}: " if len(hardware) > 1 else ""
+        typer.echo(prefix + summary_line(screen_table(part, system)))
+        fit = fit_call_overheads(part, system, source_revision=digest)
+        if fit is not None and fit.entries and len(hardware) == 1:
+            path = save_correction(evidence_store.root, digest, fit)
+            typer.echo(f"per-call overheads of {len(fit.entries)} GEMM kernel(s) "
+                       f"({fit.procedure}) stored in {path}")
     reasons: dict[str, list[str]] = {}
     for s in db.sources:
         if "skipped" in s:
@@ -212,15 +241,24 @@ def coverage_command(
         from perfcast.evidence.store import open_evidence
 
         hw = _system(hardware, "--hardware") if hardware else None
-        items = coverage(open_evidence(ref, hardware=hw, store=_store(store)))
+        items = coverage(open_evidence(ref, hardware=hw, store=_store(store)),
+                         system_for=_catalog_system)
         if output_format is Fmt.json:
             typer.echo(json.dumps(items, indent=1))
             return
+        from perfcast.evidence.plausibility import SLOW_FACTOR
+
+        typer.echo(f"screen: rows faster than the roofline / slower than {SLOW_FACTOR:g}x "
+                   "roofline + launch (docs/engine-kernels.md)")
         for e in items:
             sel = " ".join(f"{k}={e[k]}" for k in ("runtime", "runtime_revision",
                                                    "implementation", "nccl_version") if k in e)
             axes = " ".join(f"{a}[{lo}..{hi}]" for a, (lo, hi) in e["axes"].items())
-            typer.echo(f"{e['operation']:<14} {e['dtype']:<9} {e['rows']:>8}  {sel}  {axes}")
+            sc = e.get("screen") or {}
+            flagged = (f"  screen {sc['below_roofline']} fast / {sc['slower_than_factor']} slow"
+                       if sc.get("screened") else "")
+            typer.echo(f"{e['operation']:<14} {e['dtype']:<9} {e['rows']:>8}  {sel}  "
+                       f"{axes}{flagged}")
 
 
 class _Resolvers:

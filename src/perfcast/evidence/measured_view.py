@@ -38,13 +38,6 @@ Two facts the workload's compute dtype does not state but the tables are keyed b
   declared covered (vLLM's collector passes precomputed top-k ids), nor the router
   GEMM or any dispatch/combine collective, which no collector times.
 
-* **Fixed cost a table's harness timed that the deployment does not run.** The
-  intercept of a GEMM table's latency against weight bytes over its small-m rows
-  (`gemm_fixed_costs`) is the fixed cost of one call (kernel launches, activation
-  quantisation kernels). Where the collector ran a quantised GEMM with more of that
-  than a deployment does (the callers state which, and why), the difference is taken
-  off each answer (at most half of it) and the estimate says so.
-
 * **Physical floor.** A measured attention or GEMM answer faster than its query's bytes
   (KV cache, weights, activations) at the device's peak memory bandwidth cannot be the
   deployment's kernel: the collector's data stayed in cache (AIConfigurator's TRT-LLM
@@ -143,18 +136,13 @@ def _moe_routing_view(query: CostQuery) -> tuple[CostQuery, str, float]:
 class MeasuredView:
     """A measured provider asked in the tables' terms (see the module doc)."""
 
-    def __init__(self, inner,
-                 gemm_fixed_excess: dict[str, tuple[float, str]] | None = None,
-                 peak_memory_bw: float | None = None) -> None:
-        """`gemm_fixed_excess`: per GEMM table dtype, fixed cost per call (s) that the
-        table's harness timed and the deployment does not run, with the reason
-        (see `gemm_fixed_costs`). `peak_memory_bw` (bytes/s): the device's peak memory
-        bandwidth; a measured answer for an operation in `HBM_BOUNDED` that is faster
-        than its query's bytes at that bandwidth is raised to the bound."""
+    def __init__(self, inner, peak_memory_bw: float | None = None) -> None:
+        """`peak_memory_bw` (bytes/s): the device's peak memory bandwidth; a measured
+        answer for an operation in `HBM_BOUNDED` that is faster than its query's bytes at
+        that bandwidth is raised to the bound."""
         self.inner = inner
         self.name = inner.name
         self.revision = inner.revision
-        self.gemm_fixed_excess = dict(gemm_fixed_excess or {})
         self.peak_memory_bw = peak_memory_bw
 
     def _queries(self, query: CostQuery) -> list[tuple[CostQuery, str, float]]:
@@ -235,14 +223,6 @@ class MeasuredView:
                 continue
             if scale != 1.0:
                 answer = replace(answer, latency_s=answer.latency_s * scale)
-            excess, why = (self.gemm_fixed_excess.get(q.dtype, (0.0, ""))
-                           if q.operation == "gemm" else (0.0, ""))
-            if excess > 0.0:
-                cut = min(excess, 0.5 * answer.latency_s)
-                answer = replace(answer, latency_s=answer.latency_s - cut,
-                                 components=answer.components.replace(harness_fixed_cost_s=-cut))
-                note = "; ".join(n for n in (note, f"{cut * 1e6:.1f} us of the table's fixed "
-                                             f"cost per call not run here: {why}") if n)
             bound = self._memory_bound_s(query)
             if bound > answer.latency_s:
                 raise_by = bound - answer.latency_s
@@ -258,32 +238,3 @@ class MeasuredView:
                 answer = replace(answer, assumptions=(*answer.assumptions, note))
             return answer
         return Miss("; ".join(reasons) or f"no measured {query.operation} at {query.dtype}")
-
-
-def gemm_fixed_costs(table, *, max_m: int = 16, min_weight_bytes: float = 20e6) -> dict[str, float]:
-    """Per GEMM dtype of a measured table, the fixed cost (s) of one call: the intercept
-    of latency against weight bytes over the rows where the weight read dominates
-    (m <= max_m, weights >= min_weight_bytes)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    g = table.filter(pc.equal(table["operation"], "gemm"))
-    if g.num_rows == 0:
-        return {}
-    m, n, k, lat = (g.column(c).to_numpy(zero_copy_only=False).astype(float)
-                    for c in ("sel.int.m", "sel.int.n", "sel.int.k", "latency_s"))
-    dtypes = g.column("dtype").to_numpy(zero_copy_only=False).astype(object)
-    out = {}
-    for dtype in set(dtypes.tolist()):
-        try:
-            width = dtype_bytes(DType(dtype))
-        except ValueError:
-            continue
-        wbytes = n * k * width
-        sel = (dtypes == dtype) & (m <= max_m) & (wbytes >= min_weight_bytes)
-        if sel.sum() < 8:
-            continue
-        a = np.vstack([np.ones(sel.sum()), wbytes[sel]]).T
-        coef = np.linalg.lstsq(a, lat[sel], rcond=None)[0]
-        out[dtype] = float(coef[0])
-    return out

@@ -1,19 +1,21 @@
 """Measured evidence for serving runs: AIConfigurator-layout folders -> providers.
 
 `evidence_loader(root)` returns `evidence_for(system, backend, version)` that imports
-`root/<system>/<family>/<backend>/<version>/*.parquet` once per (system, backend,
-version) through the evidence layer's AIConfigurator importer and hands the providers
-to the resolver ahead of the analytic models. Which collected version serves a row's
-version is `nearest_version`: the collected version nearest in release numbers, ties to
-the newest not newer than the row's, else the oldest newer one (recorded as an
-assumption by the caller).
+`root/<system>/<family>/<backend>/<version>/*.parquet` through the evidence layer's
+AIConfigurator importer and hands the providers to the resolver ahead of the analytic
+models. Each operation family takes the collected version nearest the deployment's
+(`nearest_version`: nearest in release numbers, ties to the newest not newer than the
+deployment's, else the oldest newer one), on its own; the choice per family is in the
+returned note. The providers ask, per query, for the kernel the engine's dispatch rules
+pick and take off the GEMM table's fitted per-call overhead under CUDA graphs
+(`serving.kernel_evidence`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError
@@ -70,33 +72,43 @@ def nearest_version(wanted: str, available: list[str]) -> str | None:
     return min(tied, key=version_key)
 
 
-ANCHOR_FAMILY = "gemm"  # a collected version counts only if it measured GEMMs
+ANCHOR_FAMILY = "gemm"  # a backend without GEMM tables for a system cannot cost a deployment
 
 
 def collected_versions(root: Path, system: str, backend: str) -> list[str]:
-    """Versions of `backend` with GEMM tables (a version that only measured, say, one
-    exotic kernel family cannot cost a deployment)."""
+    """Versions of `backend` with GEMM tables for `system`."""
+    return family_versions(root, system, backend).get(ANCHOR_FAMILY, [])
+
+
+def family_versions(root: Path, system: str, backend: str) -> dict[str, list[str]]:
+    """Per operation family folder (`gemm`, `moe`, `attention`, ...), the collected
+    versions of `backend` on `system`."""
     base = root / system
-    versions: set[str] = set()
-    folders = [base / ANCHOR_FAMILY] if (base / ANCHOR_FAMILY).is_dir() else \
-        (list(base.iterdir()) if base.is_dir() else [])
-    for family in folders:
+    out: dict[str, list[str]] = {}
+    if not base.is_dir():
+        return out
+    for family in sorted(base.iterdir()):
         folder = family / backend
         if folder.is_dir():
-            versions.update(p.name for p in folder.iterdir() if p.is_dir())
-    return sorted(versions, key=version_key)
+            versions = [p.name for p in folder.iterdir() if p.is_dir()]
+            if versions:
+                out[family.name] = sorted(versions, key=version_key)
+    return out
 
 
 @dataclass(frozen=True)
 class DeploymentEvidence:
-    """Measured providers for one (system, backend, collected version), and the query
-    context that selects them: runtime, the collected version and, per operation, the
-    kernel implementation the tables were measured with."""
+    """Measured providers for one (system, backend, version asked), and the query
+    context that selects them: runtime, the GEMM family's collected version and, per
+    operation, the kernel implementation with the most rows (which the providers refine
+    per query by the engine's dispatch rules). `family_versions`: the collected version
+    each family folder was read at."""
 
     providers: tuple
     context: CostQueryContext
     version: str
     note: str = ""
+    family_versions: FrozenDict = field(default_factory=FrozenDict)
 
 
 EMPTY = DeploymentEvidence((), CostQueryContext(), "")
@@ -104,96 +116,125 @@ EMPTY = DeploymentEvidence((), CostQueryContext(), "")
 
 def evidence_loader(root: Path, *, policy: str = "interpolate"
                     ) -> Callable[[str, str, str], DeploymentEvidence]:
-    """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder."""
+    """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder:
+    every operation family at the collected version nearest the one asked
+    (`nearest_version`), each family on its own."""
     if not root.is_dir():
         raise ConfigError("is not a folder", source=str(root), field="--evidence-root",
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
+    tables: dict[tuple, tuple] = {}
     cache: dict[tuple[str, str, str], DeploymentEvidence] = {}
 
     def evidence_for(system: str, backend: str, version: str) -> DeploymentEvidence:
-        chosen = nearest_version(version, collected_versions(root, system, backend))
-        if chosen is None:
-            return EMPTY
-        key = (system, backend, chosen)
+        key = (system, backend, version)
         if key not in cache:
-            cache[key] = _import(root, system, backend, chosen, policy)
-        ev = cache[key]
-        if chosen != version:
-            note = (f"evidence collected with {backend} {chosen} used for "
-                    f"{backend} {version or '(version not given)'}")
-            ev = replace(ev, note=note)
-        return ev
+            available = family_versions(root, system, backend)
+            if ANCHOR_FAMILY not in available:
+                cache[key] = EMPTY
+                return EMPTY
+            chosen = {f: nearest_version(version, vs) for f, vs in available.items()}
+            tkey = (system, backend, tuple(sorted(chosen.items())))
+            if tkey not in tables:
+                tables[tkey] = _measured(_import(root, system, backend, chosen), system,
+                                         backend, policy)
+            cache[key] = _deployment(tables[tkey], system, backend, version, chosen)
+        return cache[key]
 
     return evidence_for
 
 
-def _import(root: Path, system: str, backend: str, version: str,
-            policy: str) -> DeploymentEvidence:
-    from perfcast.evidence.chain import evidence_providers
+def _version_note(backend: str, version: str, chosen: dict[str, str]) -> str:
+    """Which collected versions answer a deployment of `backend` `version`: the GEMM
+    family's, and every family read at another one."""
+    anchor = chosen[ANCHOR_FAMILY]
+    others: dict[str, list[str]] = {}
+    for family, v in sorted(chosen.items()):
+        if v != anchor:
+            others.setdefault(v, []).append(family)
+    if anchor == version and not others:
+        return ""
+    extra = "; ".join(f"{', '.join(fams)} at {v}" for v, fams in sorted(others.items()))
+    return (f"evidence collected with {backend} {anchor}" + (f" ({extra})" if extra else "")
+            + f" used for {backend} {version or '(version not given)'}")
+
+
+def _import(root: Path, system: str, backend: str, chosen: dict[str, str]) -> tuple:
+    """The tables of every family at its chosen version: (database, per-operation
+    collected version, GEMM harness correction); database None when nothing imports."""
     from perfcast.evidence.database import PerformanceDatabase
+    from perfcast.evidence.harness_overhead import fit_call_overheads
     from perfcast.evidence.importers.aiconfigurator import import_system
-    from perfcast.evidence.measured_view import gemm_fixed_costs
     from perfcast.hardware import load_system
 
     sys_obj = load_system(system)
-    parts = []
-    for family in sorted((root / system).iterdir()):
-        folder = family / backend / version
-        if not folder.is_dir():
-            continue
+    parts, op_versions, correction = [], {}, None
+    for family, version in sorted(chosen.items()):
+        folder = root / system / family / backend / version
         try:
-            parts.append(import_system(folder, hardware=sys_obj.name))
+            part = import_system(folder, hardware=sys_obj.name)
         except ConfigError:
             continue  # a family without supported tables (e.g. encoder attention)
+        parts.append(part)
+        for op in set(part.table.column("operation").to_pylist()):
+            op_versions.setdefault(op, version)
+        if family == ANCHOR_FAMILY:
+            correction = fit_call_overheads(part.table, sys_obj,
+                                            source_revision=f"{family}/{backend}/{version}")
     if not parts:
-        return EMPTY
+        return None, {}, None
     library = communication_library(root / system)
     if library is not None:
         parts.append(import_system(library, hardware=sys_obj.name))
-    db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{version}")
+    versions = "+".join(sorted(set(chosen.values()), key=version_key))
+    db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{versions}")
+    return db, op_versions, correction
+
+
+def _measured(imported: tuple, system: str, backend: str, policy: str) -> tuple | None:
+    """Providers (each behind `MeasuredView`) and the base context of imported tables,
+    shared by every deployment version that reads the same tables."""
+    from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.measured_view import MeasuredView
+    from perfcast.hardware import load_system
+
+    db, op_versions, correction = imported
+    if db is None:
+        return None
+    sys_obj = load_system(system)
     kernels = implementations(db)
     context = CostQueryContext(
-        runtime=backend, runtime_revision=version,
-        implementations=FrozenDict(kernels),
+        runtime=backend, implementations=FrozenDict(kernels),
         operation_dimensions=FrozenDict({op: FrozenDict(d) for op, d in
                                          operation_selectors(db, kernels).items()}))
-    excess = harness_gemm_excess(backend, gemm_fixed_costs(db.table))
-    providers = tuple(MeasuredView(p, excess, sys_obj.device.memory.bw_bytes_per_s)
+    providers = tuple(MeasuredView(p, peak_memory_bw=sys_obj.device.memory.bw_bytes_per_s)
                       for p in evidence_providers([db], sys_obj, policy))
-    return DeploymentEvidence(providers, context, version)
+    return providers, context, op_versions, correction, held_kernels(db)
 
 
-# Where AIConfigurator's GEMM collector times a quantised GEMM differently from how a
-# deployment runs it: (runtime, table dtype) -> (reference dtype of the same table whose
-# per-call fixed cost the deployment's call matches, share of the excess fixed cost the
-# deployment does not run, why).
-HARNESS_GEMM_FIXED_COST = {
-    ("trtllm", "fp8"): (
-        "bf16", 0.5,
-        "AIConfigurator's collector/trtllm/collect_gemm.py loads per-tensor fp8 weights "
-        "without an input_scale, so TRT-LLM's FP8QDQLinearMethod quantises activations "
-        "dynamically: a scale-reduction kernel, then a quantise kernel, then the GEMM. FP8 "
-        "checkpoints carry static input scales (one quantise kernel), so one of the two "
-        "extra kernels, half the table's fixed cost above the bf16 GEMM's, is not run"),
-    ("vllm", "fp8_block"): (
-        "fp8", 1.0,
-        "AIConfigurator's collector/vllm/collect_gemm.py times fp8_block GEMMs without a "
-        "CUDA graph (use_cuda_graph=False) and per-tensor fp8 with one; both paths are a "
-        "quantise kernel plus a GEMM, so the block path's fixed cost above the per-tensor "
-        "one is host launch time, which vLLM's CUDA-graph (piecewise) steps do not pay"),
-}
+def _deployment(measured: tuple | None, system: str, backend: str, version: str,
+                chosen: dict[str, str]) -> DeploymentEvidence:
+    """The shared providers asked for what `backend` `version` runs (`EngineKernelView`)."""
+    from perfcast.hardware import load_system
+    from perfcast.serving.backends import load_backend
+    from perfcast.serving.kernel_dispatch import dispatch_rules
+    from perfcast.serving.kernel_evidence import EngineKernelView
 
-
-def harness_gemm_excess(backend: str, fixed: dict[str, float]) -> dict[str, tuple[float, str]]:
-    """Per GEMM table dtype, the fixed cost (s) per call a deployment does not run, and
-    why (`HARNESS_GEMM_FIXED_COST`), from the tables' own fitted fixed costs."""
-    out = {}
-    for (runtime, dtype), (reference, share, why) in HARNESS_GEMM_FIXED_COST.items():
-        if runtime == backend and dtype in fixed and reference in fixed:
-            excess = share * (fixed[dtype] - fixed[reference])
-            if excess > 0.0:
-                out[dtype] = (excess, why)
-    return out
+    if measured is None:
+        return EMPTY
+    providers, context, op_versions, correction, held = measured
+    sys_obj = load_system(system)
+    anchor = chosen[ANCHOR_FAMILY]
+    try:
+        graphs = load_backend(backend).cuda_graph.max_batch
+    except ConfigError:
+        graphs = 0
+    dispatch = dispatch_rules(backend)
+    views = tuple(EngineKernelView(p, system=sys_obj, engine=backend, engine_version=version,
+                                   family_versions=op_versions, held=held, dispatch=dispatch,
+                                   correction=correction, graph_max_tokens=graphs)
+                  for p in providers)
+    return DeploymentEvidence(views, replace(context, runtime_revision=anchor), anchor,
+                              _version_note(backend, version, chosen), FrozenDict(chosen))
 
 
 COMMUNICATION_LIBRARY = ("comm", "nccl")
@@ -210,23 +251,30 @@ def communication_library(system_dir: Path) -> Path | None:
     return folder / max(versions, key=version_key) if versions else None
 
 
+def _implementation_counts(db):
+    """Rows per (operation, dtype, implementation) of a database (empty: no such column)."""
+    import collections
+
+    table = db.table
+    if "sel.str.implementation" not in table.column_names:
+        return collections.Counter()
+    return collections.Counter(zip(table.column("operation").to_pylist(),
+                                   table.column("dtype").to_pylist(),
+                                   table.column("sel.str.implementation").to_pylist()))
+
+
 def implementations(db) -> dict[str, str]:
     """Per operation and per (operation, dtype) (key `operation@dtype`), the kernel
     implementation with the most measured rows: a runtime runs one kernel per operation
     and data type (vLLM 0.24: Triton experts for bf16, FlashInfer CUTLASS for fp8, the
     OAI Triton kernel for mxfp4), so one choice per operation would leave every other
-    dtype's tables unmatched."""
+    dtype's tables unmatched. The providers refine the GEMM choice per query by the
+    engine's dispatch rules (`serving.kernel_evidence`)."""
     import collections
 
-    table = db.table
-    if "sel.str.implementation" not in table.column_names:
-        return {}
-    counts = collections.Counter(zip(table.column("operation").to_pylist(),
-                                     table.column("dtype").to_pylist(),
-                                     table.column("sel.str.implementation").to_pylist()))
     best: dict[str, tuple[int, str]] = {}
     per_op: collections.Counter = collections.Counter()
-    for (op, dtype, impl), n in counts.items():
+    for (op, dtype, impl), n in _implementation_counts(db).items():
         if impl:
             per_op[(op, impl)] += n
             key = f"{op}@{dtype}"
@@ -236,6 +284,16 @@ def implementations(db) -> dict[str, str]:
         if op not in best or (n, impl) > best[op]:
             best[op] = (n, impl)
     return {key: impl for key, (n, impl) in sorted(best.items())}
+
+
+def held_kernels(db) -> dict[str, tuple[str, ...]]:
+    """Per `operation@dtype`, the kernel implementations the tables hold, most rows first."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for (op, dtype, impl), n in _implementation_counts(db).items():
+        if impl:
+            out.setdefault(f"{op}@{dtype}", []).append((n, impl))
+    return {key: tuple(impl for n, impl in sorted(v, key=lambda t: (-t[0], t[1])))
+            for key, v in sorted(out.items())}
 
 
 CONTEXT_SELECTORS = ("sel.str.implementation", "sel.str.runtime", "sel.str.runtime_revision")
