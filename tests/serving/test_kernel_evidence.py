@@ -225,3 +225,18 @@ def test_each_family_takes_its_nearest_collected_version():
     est = resolver.resolve(query_for_task(core, H100.name, ev.context)).estimate
     assert est.provider in ("database", "interpolation")
     assert est.source_revision == "attention/vllm/0.19.0"
+
+
+def test_a_dtype_the_familys_version_lacks_comes_from_the_nearest_version_with_it():
+    # the fixture's vLLM 0.19.0 MoE table has no MXFP4 rows; 0.24.0 has gpt-oss experts
+    ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.19.0")
+    assert ev.family_versions["moe"] == "0.19.0"
+    assert ev.family_versions["moe@mxfp4"] == "0.24.0"
+    assert "moe mxfp4 at 0.24.0" in ev.note
+    resolver = serving_resolver(H100, ev.providers)
+    graph = build_task_graph(load_model_spec("openai/gpt-oss-120b"), ParallelPlan(),
+                             Batch.decode(1, 1000))
+    moe = next(t for t in graph.tasks if t.operation == "moe")
+    est = resolver.resolve(query_for_task(moe, H100.name, ev.context)).estimate
+    assert est.provider in ("database", "interpolation")
+    assert est.source_revision == "moe/vllm/0.24.0"

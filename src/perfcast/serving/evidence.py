@@ -102,7 +102,8 @@ class DeploymentEvidence:
     context that selects them: runtime, the GEMM family's collected version and, per
     operation, the kernel implementation with the most rows (which the providers refine
     per query by the engine's dispatch rules). `family_versions`: the collected version
-    each family folder was read at."""
+    each family folder was read at, and (key `operation@dtype`) the other version read
+    for a data type the family's version lacks."""
 
     providers: tuple
     context: CostQueryContext
@@ -114,16 +115,33 @@ class DeploymentEvidence:
 EMPTY = DeploymentEvidence((), CostQueryContext(), "")
 
 
+def nearest_first(wanted: str, available: list[str]) -> list[str]:
+    """The collected versions in the order `nearest_version` prefers them."""
+    rest, out = list(available), []
+    while rest:
+        out.append(nearest_version(wanted, rest))
+        rest.remove(out[-1])
+    return out
+
+
 def evidence_loader(root: Path, *, policy: str = "interpolate"
                     ) -> Callable[[str, str, str], DeploymentEvidence]:
     """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder:
     every operation family at the collected version nearest the one asked
-    (`nearest_version`), each family on its own."""
+    (`nearest_version`), each family on its own; an (operation, dtype) that version of
+    the family lacks is read from the nearest version that has it."""
     if not root.is_dir():
         raise ConfigError("is not a folder", source=str(root), field="--evidence-root",
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
+    folders: dict[Path, object] = {}
     tables: dict[tuple, tuple] = {}
     cache: dict[tuple[str, str, str], DeploymentEvidence] = {}
+
+    def read(system: str, family: str, backend: str, version: str):
+        folder = root / system / family / backend / version
+        if folder not in folders:
+            folders[folder] = _read_folder(folder, system)
+        return folders[folder]
 
     def evidence_for(system: str, backend: str, version: str) -> DeploymentEvidence:
         key = (system, backend, version)
@@ -132,24 +150,69 @@ def evidence_loader(root: Path, *, policy: str = "interpolate"
             if ANCHOR_FAMILY not in available:
                 cache[key] = EMPTY
                 return EMPTY
-            chosen = {f: nearest_version(version, vs) for f, vs in available.items()}
-            tkey = (system, backend, tuple(sorted(chosen.items())))
-            if tkey not in tables:
-                tables[tkey] = _measured(_import(root, system, backend, chosen), system,
-                                         backend, policy)
-            cache[key] = _deployment(tables[tkey], system, backend, version, chosen)
+            selection = _selection(available, version,
+                                   lambda f, v: read(system, f, backend, v))
+            if not selection:
+                cache[key] = EMPTY
+                return EMPTY
+            if selection not in tables:
+                tables[selection] = _measured(
+                    _import(root, system, backend, selection,
+                            lambda f, v: read(system, f, backend, v)),
+                    system, backend, policy)
+            cache[key] = _deployment(tables[selection], system, backend, version, selection)
         return cache[key]
 
     return evidence_for
 
 
-def _version_note(backend: str, version: str, chosen: dict[str, str]) -> str:
+def _read_folder(folder: Path, system: str):
+    """One family/version folder imported (None: no supported tables)."""
+    from perfcast.evidence.importers.aiconfigurator import import_system
+    from perfcast.hardware import load_system
+
+    try:
+        return import_system(folder, hardware=load_system(system).name)
+    except ConfigError:
+        return None   # a family without supported tables (e.g. encoder attention)
+
+
+def _pairs(db) -> frozenset:
+    return frozenset(zip(db.table.column("operation").to_pylist(),
+                         db.table.column("dtype").to_pylist()))
+
+
+def _selection(available: dict[str, list[str]], version: str, read) -> tuple:
+    """((family, version, pairs), ...): each family at its nearest collected version
+    (pairs None: every row), then, nearest first, other versions for the (operation,
+    dtype) pairs not yet covered."""
+    out = []
+    for family, versions in sorted(available.items()):
+        covered = None
+        for v in nearest_first(version, versions):
+            part = read(family, v)
+            if part is None:
+                continue
+            pairs = _pairs(part)
+            if covered is None:
+                out.append((family, v, None))
+                covered = set(pairs)
+            elif pairs - covered:
+                out.append((family, v, frozenset(pairs - covered)))
+                covered |= pairs
+    anchored = any(f == ANCHOR_FAMILY for f, _, pairs in out)
+    return tuple(out) if anchored else ()
+
+
+def _version_note(backend: str, version: str, selection: tuple) -> str:
     """Which collected versions answer a deployment of `backend` `version`: the GEMM
-    family's, and every family read at another one."""
-    anchor = chosen[ANCHOR_FAMILY]
+    family's, every family read at another one, and the data types read elsewhere."""
+    anchor = next(v for f, v, pairs in selection if f == ANCHOR_FAMILY and pairs is None)
     others: dict[str, list[str]] = {}
-    for family, v in sorted(chosen.items()):
-        if v != anchor:
+    for family, v, pairs in selection:
+        if pairs is not None:
+            others.setdefault(v, []).extend(sorted(f"{op} {dtype}" for op, dtype in pairs))
+        elif v != anchor:
             others.setdefault(v, []).append(family)
     if anchor == version and not others:
         return ""
@@ -158,9 +221,11 @@ def _version_note(backend: str, version: str, chosen: dict[str, str]) -> str:
             + f" used for {backend} {version or '(version not given)'}")
 
 
-def _import(root: Path, system: str, backend: str, chosen: dict[str, str]) -> tuple:
-    """The tables of every family at its chosen version: (database, per-operation
-    collected version, GEMM harness correction); database None when nothing imports."""
+def _import(root: Path, system: str, backend: str, selection: tuple, read) -> tuple:
+    """The selected tables: (database, collected version per operation and per
+    `operation@dtype` read elsewhere, GEMM harness correction)."""
+    import pyarrow.compute as pc
+
     from perfcast.evidence.database import PerformanceDatabase
     from perfcast.evidence.harness_overhead import fit_call_overheads
     from perfcast.evidence.importers.aiconfigurator import import_system
@@ -168,26 +233,35 @@ def _import(root: Path, system: str, backend: str, chosen: dict[str, str]) -> tu
 
     sys_obj = load_system(system)
     parts, op_versions, correction = [], {}, None
-    for family, version in sorted(chosen.items()):
-        folder = root / system / family / backend / version
-        try:
-            part = import_system(folder, hardware=sys_obj.name)
-        except ConfigError:
-            continue  # a family without supported tables (e.g. encoder attention)
-        parts.append(part)
-        for op in set(part.table.column("operation").to_pylist()):
-            op_versions.setdefault(op, version)
-        if family == ANCHOR_FAMILY:
-            correction = fit_call_overheads(part.table, sys_obj,
-                                            source_revision=f"{family}/{backend}/{version}")
-    if not parts:
-        return None, {}, None
+    for family, version, pairs in selection:
+        part = read(family, version)
+        if pairs is None:
+            parts.append(part)
+            for op in set(part.table.column("operation").to_pylist()):
+                op_versions.setdefault(op, version)
+            if family == ANCHOR_FAMILY:
+                correction = fit_call_overheads(
+                    part.table, sys_obj, source_revision=f"{family}/{backend}/{version}")
+            continue
+        table = part.table
+        keep = pc.is_in(pc.binary_join_element_wise(table["operation"], table["dtype"], "@"),
+                        value_set=pa_strings(f"{op}@{dtype}" for op, dtype in pairs))
+        parts.append(PerformanceDatabase(table.filter(keep), name=part.name,
+                                         sources=part.sources, _validated=True))
+        for op, dtype in pairs:
+            op_versions[f"{op}@{dtype}"] = version
     library = communication_library(root / system)
     if library is not None:
         parts.append(import_system(library, hardware=sys_obj.name))
-    versions = "+".join(sorted(set(chosen.values()), key=version_key))
+    versions = "+".join(sorted({v for _, v, _ in selection}, key=version_key))
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{system}/{backend}/{versions}")
     return db, op_versions, correction
+
+
+def pa_strings(values):
+    import pyarrow as pa
+
+    return pa.array(sorted(values), type=pa.string())
 
 
 def _measured(imported: tuple, system: str, backend: str, policy: str) -> tuple | None:
@@ -212,7 +286,7 @@ def _measured(imported: tuple, system: str, backend: str, policy: str) -> tuple 
 
 
 def _deployment(measured: tuple | None, system: str, backend: str, version: str,
-                chosen: dict[str, str]) -> DeploymentEvidence:
+                selection: tuple) -> DeploymentEvidence:
     """The shared providers asked for what `backend` `version` runs (`EngineKernelView`)."""
     from perfcast.hardware import load_system
     from perfcast.serving.backends import load_backend
@@ -223,7 +297,7 @@ def _deployment(measured: tuple | None, system: str, backend: str, version: str,
         return EMPTY
     providers, context, op_versions, correction, held = measured
     sys_obj = load_system(system)
-    anchor = chosen[ANCHOR_FAMILY]
+    anchor = next(v for f, v, pairs in selection if f == ANCHOR_FAMILY and pairs is None)
     try:
         graphs = load_backend(backend).cuda_graph.max_batch
     except ConfigError:
@@ -234,7 +308,8 @@ def _deployment(measured: tuple | None, system: str, backend: str, version: str,
                                    correction=correction, graph_max_tokens=graphs)
                   for p in providers)
     return DeploymentEvidence(views, replace(context, runtime_revision=anchor), anchor,
-                              _version_note(backend, version, chosen), FrozenDict(chosen))
+                              _version_note(backend, version, selection),
+                              FrozenDict(op_versions))
 
 
 COMMUNICATION_LIBRARY = ("comm", "nccl")

@@ -5,7 +5,8 @@
 
 1. **version per family**: asks the records of the query's operation family at the
    collected version chosen for that family (`family_versions`: GEMM at 0.24.0 need not
-   force MoE and attention to 0.24.0 when 0.19.0 tables are nearer);
+   force MoE and attention to 0.24.0 when 0.19.0 tables are nearer), or, for a data type
+   that version lacks, at the nearest version that has it (key `operation@dtype`);
 2. **kernel by dispatch**: for operations with engine dispatch rules
    (`serving/dispatch/<engine>.yaml`), asks the records of the kernel the engine runs for
    this version, GPU architecture, weight format and shape. When the table lacks that
@@ -41,7 +42,9 @@ class EngineKernelView:
                  dispatch=None, correction=None, graph_max_tokens: int = 0,
                  model_type: str | None = None) -> None:
         """`held`: per `operation@dtype`, the kernels the tables hold, most rows first;
-        `dispatch`: the engine's `KernelDispatch` (None: no rules); `correction`: the GEMM
+        `family_versions`: collected version per operation, or per `operation@dtype`
+        where that differs; `dispatch`: the engine's `KernelDispatch` (None: no rules);
+        `correction`: the GEMM
         table's `HarnessCorrection`; `graph_max_tokens`: largest captured CUDA-graph
         batch (0: the engine runs eagerly, no correction)."""
         self.inner = inner
@@ -98,7 +101,8 @@ class EngineKernelView:
                           f"({', '.join(kernels)})")
 
     def _context(self, ctx, op: str, dtype: str, kernel: str | None):
-        version = self.family_versions.get(op, ctx.runtime_revision)
+        version = self.family_versions.get(f"{op}@{dtype}") or \
+            self.family_versions.get(op, ctx.runtime_revision)
         if kernel is None and version == ctx.runtime_revision:
             return ctx
         key = (id(ctx), op, dtype, kernel, version)
