@@ -213,16 +213,21 @@ def test_the_estimate_flags_an_implausible_answer():
     assert not any("implausibly" in a for a in fine.assumptions)
 
 
+def _first_task_estimate(ev, model: str, decode: int, pick):
+    """The serving resolver's answer for the first task `pick` selects in a decode step."""
+    graph = build_task_graph(load_model_spec(model), ParallelPlan(), Batch.decode(decode, 1000))
+    task = next(t for t in graph.tasks if pick(t))
+    return serving_resolver(H100, ev.providers).resolve(
+        query_for_task(task, H100.name, ev.context)).estimate
+
+
 def test_each_family_takes_its_nearest_collected_version():
     ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.24.0")
     assert ev.family_versions["gemm"] == "0.24.0"
     assert ev.family_versions["attention"] == "0.19.0"   # no 0.24.0 attention tables
     assert "attention" in ev.note and "at 0.19.0" in ev.note
-    resolver = serving_resolver(H100, ev.providers)
-    graph = build_task_graph(load_model_spec("meta-llama/Llama-3.1-8B"), ParallelPlan(),
-                             Batch.decode(8, 1000))
-    core = next(t for t in graph.tasks if t.group == "attn.core")
-    est = resolver.resolve(query_for_task(core, H100.name, ev.context)).estimate
+    est = _first_task_estimate(ev, "meta-llama/Llama-3.1-8B", 8,
+                               lambda t: t.group == "attn.core")
     assert est.provider in ("database", "interpolation")
     assert est.source_revision == "attention/vllm/0.19.0"
 
@@ -233,10 +238,6 @@ def test_a_dtype_the_familys_version_lacks_comes_from_the_nearest_version_with_i
     assert ev.family_versions["moe"] == "0.19.0"
     assert ev.family_versions["moe@mxfp4"] == "0.24.0"
     assert "moe mxfp4 at 0.24.0" in ev.note
-    resolver = serving_resolver(H100, ev.providers)
-    graph = build_task_graph(load_model_spec("openai/gpt-oss-120b"), ParallelPlan(),
-                             Batch.decode(1, 1000))
-    moe = next(t for t in graph.tasks if t.operation == "moe")
-    est = resolver.resolve(query_for_task(moe, H100.name, ev.context)).estimate
+    est = _first_task_estimate(ev, "openai/gpt-oss-120b", 1, lambda t: t.operation == "moe")
     assert est.provider in ("database", "interpolation")
     assert est.source_revision == "moe/vllm/0.24.0"
