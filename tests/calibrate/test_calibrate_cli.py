@@ -83,3 +83,18 @@ def test_fit_kernels_refuses_serving_observations(fitted):
     res = CliRunner().invoke(app, ["calibrate", "fit-kernels", "--observations", digest,
                                    "--observation-store", obs, "--store", cal])
     assert res.exit_code != 0 and "holds serving observations" in res.output
+
+
+def test_fit_progress_moves_the_bar_on_passes_and_prints_phases():
+    import io
+
+    from rich.console import Console
+
+    from perfcast.cli.calibrate import _report
+
+    out, moves = io.StringIO(), []
+    console = Console(file=out, width=120)
+    _report("linearise: 3/12 passes", console, lambda d, t: moves.append((d, t)))
+    _report("fold model=x: fitted on 40 rows", console, lambda d, t: moves.append((d, t)))
+    assert moves == [(3, 12)]
+    assert "fold model=x" in out.getvalue() and "passes" not in out.getvalue()

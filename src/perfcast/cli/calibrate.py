@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from perfcast.calibrate.revision import plain
 from perfcast.cli.errors import user_errors
+from perfcast.cli.progress import progress_bar
 
 app = typer.Typer(no_args_is_help=True, help="Fit calibration revisions on observations "
                   "and inspect them.")
@@ -44,6 +46,18 @@ def _observation_sets(ctx: typer.Context, first: list[str], root: Optional[Path]
             raise ConfigError(f"observation set {obs.digest} holds {obs.kind} observations",
                               field="--observations", expected=f"{kind} observations")
     return sets
+
+
+PASSES = re.compile(r"(\d+)/(\d+) passes")
+
+
+def _report(message: str, console: Console, advance) -> None:
+    """A fit's progress line: simulation passes move the bar, phases are printed."""
+    passes = PASSES.search(message)
+    if passes:
+        advance(int(passes.group(1)), int(passes.group(2)))
+    else:
+        console.print(message)
 
 
 @app.command("fit", context_settings={"allow_extra_args": True})
@@ -88,12 +102,14 @@ def fit_command(
         err = Console(stderr=True)
         from perfcast.calibrate.store import load_calibration
         curves = load_calibration(analytic, store=CalibrationStore(store)) if analytic else None
-        rev, _ = fit_serving_revision(
-            sets, evidence_root=evidence_root, model_configs=model_configs,
-            cv=[g.value for g in cv], mode=None if mode == "all" else mode,
-            options=FitOptions(min_held_out_rows=min_fold_rows, min_train_rows=min_train_rows),
-            name=name,
-            workers=workers or None, progress=lambda msg: err.print(msg), analytic=curves)
+        with progress_bar("calibrate fit") as advance:
+            rev, _ = fit_serving_revision(
+                sets, evidence_root=evidence_root, model_configs=model_configs,
+                cv=[g.value for g in cv], mode=None if mode == "all" else mode,
+                options=FitOptions(min_held_out_rows=min_fold_rows,
+                                   min_train_rows=min_train_rows),
+                name=name, workers=workers or None,
+                progress=lambda msg: _report(msg, err, advance), analytic=curves)
         CalibrationStore(store).put(rev)
         doc = fit_json(rev)
         if output_format is Format.json:

@@ -234,6 +234,8 @@ def estimate_command(
         plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, num_devices,
                           moe_dispatch, expert_imbalance)
         spec = load_model_spec(model)
+        for note in spec.notes:
+            typer.echo(f"note: {note}", err=True)
         quant_flags = (quantize_linear_action, quantize_attention_action, kv_cache_dtype)
         if dtype and any(quant_flags):
             raise ConfigError("--dtype sets every dtype at once", field="--dtype",

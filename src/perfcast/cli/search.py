@@ -133,24 +133,21 @@ def _evidence_version(space, system: str) -> str | None:
 
 @contextlib.contextmanager
 def search_progress():
-    """A rich progress bar on stderr over the layouts (only on a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    """A rich progress bar on stderr over the layouts (only on a terminal): yields
+    (on_start(total), on_done())."""
+    from perfcast.cli.progress import progress_bar
 
-    console = Console(stderr=True)
-    progress = Progress("simulating layouts", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True,
-                        disable=not console.is_terminal)
-    task = None
+    with progress_bar("simulating layouts") as advance:
+        state = {"done": 0, "total": 0}
 
-    def on_start(total: int) -> None:
-        nonlocal task
-        task = progress.add_task("layouts", total=total)
+        def on_start(total: int) -> None:
+            state["total"] = total
+            advance(0, total)
 
-    def on_done() -> None:
-        if task is not None:
-            progress.advance(task)
+        def on_done() -> None:
+            state["done"] += 1
+            advance(state["done"], state["total"])
 
-    with progress:
         yield on_start, on_done
 
 
