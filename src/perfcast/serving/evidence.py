@@ -282,12 +282,14 @@ def _measured(imported: tuple, system: str, backend: str, policy: str) -> tuple 
                                          operation_selectors(db, kernels).items()}))
     providers = tuple(MeasuredView(p, peak_memory_bw=sys_obj.device.memory.bw_bytes_per_s)
                       for p in evidence_providers([db], sys_obj, policy))
-    return providers, context, op_versions, correction, held_kernels(db)
+    return providers, context, op_versions, correction, held_kernels(db), {}
 
 
 def _deployment(measured: tuple | None, system: str, backend: str, version: str,
                 selection: tuple) -> DeploymentEvidence:
-    """The shared providers asked for what `backend` `version` runs (`EngineKernelView`)."""
+    """The shared providers asked for what `backend` `version` runs (`EngineKernelView`).
+    Versions that the same dispatch rule set covers share one set of views (so their
+    step-cost caches are shared too)."""
     from perfcast.hardware import load_system
     from perfcast.serving.backends import load_backend
     from perfcast.serving.kernel_dispatch import dispatch_rules
@@ -295,20 +297,25 @@ def _deployment(measured: tuple | None, system: str, backend: str, version: str,
 
     if measured is None:
         return EMPTY
-    providers, context, op_versions, correction, held = measured
-    sys_obj = load_system(system)
+    providers, context, op_versions, correction, held, views_cache = measured
     anchor = next(v for f, v, pairs in selection if f == ANCHOR_FAMILY and pairs is None)
-    try:
-        graphs = load_backend(backend).cuda_graph.max_batch
-    except ConfigError:
-        graphs = 0
     dispatch = dispatch_rules(backend)
-    views = tuple(EngineKernelView(p, system=sys_obj, engine=backend, engine_version=version,
-                                   family_versions=op_versions, held=held, dispatch=dispatch,
-                                   correction=correction, graph_max_tokens=graphs)
-                  for p in providers)
-    return DeploymentEvidence(views, replace(context, runtime_revision=anchor), anchor,
-                              _version_note(backend, version, selection),
+    rule_set = dispatch.rule_set(version) if dispatch else None
+    key = None if dispatch is None else (rule_set.name if rule_set else f"uncovered {version}")
+    if key not in views_cache:
+        try:
+            graphs = load_backend(backend).cuda_graph.max_batch
+        except ConfigError:
+            graphs = 0
+        sys_obj = load_system(system)
+        views = tuple(EngineKernelView(p, system=sys_obj, engine=backend,
+                                       engine_version=version, family_versions=op_versions,
+                                       held=held, dispatch=dispatch, correction=correction,
+                                       graph_max_tokens=graphs)
+                      for p in providers)
+        views_cache[key] = (views, replace(context, runtime_revision=anchor))
+    views, ctx = views_cache[key]
+    return DeploymentEvidence(views, ctx, anchor, _version_note(backend, version, selection),
                               FrozenDict(op_versions))
 
 
