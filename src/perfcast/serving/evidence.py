@@ -374,7 +374,8 @@ def held_kernels(db) -> dict[str, tuple[str, ...]]:
     for (op, dtype, impl), n in _implementation_counts(db).items():
         if impl:
             out.setdefault(f"{op}@{dtype}", []).append((n, impl))
-    return {key: tuple(impl for n, impl in sorted(v, key=lambda t: (-t[0], t[1])))
+    # the same order `implementations` ranks by: most rows, ties to the larger name
+    return {key: tuple(impl for n, impl in sorted(v, reverse=True))
             for key, v in sorted(out.items())}
 
 

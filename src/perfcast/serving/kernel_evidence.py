@@ -44,9 +44,9 @@ class EngineKernelView:
         """`held`: per `operation@dtype`, the kernels the tables hold, most rows first;
         `family_versions`: collected version per operation, or per `operation@dtype`
         where that differs; `dispatch`: the engine's `KernelDispatch` (None: no rules);
-        `correction`: the GEMM
-        table's `HarnessCorrection`; `graph_max_tokens`: largest captured CUDA-graph
-        batch (0: the engine runs eagerly, no correction)."""
+        `correction`: the GEMM table's `HarnessCorrection`; `graph_max_tokens`: largest
+        captured CUDA-graph batch (0: the engine runs eagerly, no correction);
+        `model_type`: the checkpoint's, for rules that exclude model types."""
         self.inner = inner
         self.name = inner.name
         self.revision = inner.revision
