@@ -241,3 +241,40 @@ def test_a_dtype_the_familys_version_lacks_comes_from_the_nearest_version_with_i
     est = _first_task_estimate(ev, "openai/gpt-oss-120b", 1, lambda t: t.operation == "moe")
     assert est.provider in ("database", "interpolation")
     assert est.source_revision == "moe/vllm/0.24.0"
+
+
+def test_version_policies_set_and_family(tmp_path):
+    import shutil
+
+    import pytest as _pytest
+
+    from perfcast.core.errors import ConfigError
+
+    # GEMM tables only at 0.24.0, MoE tables at 0.19.0 and 0.24.0; a 0.19.0 deployment
+    for family, version in (("gemm", "0.24.0"), ("moe", "0.19.0"), ("moe", "0.24.0")):
+        shutil.copytree(ROOT / "h100_sxm" / family / "vllm" / version,
+                        tmp_path / "h100_sxm" / family / "vllm" / version)
+    as_set = evidence_loader(tmp_path)("h100_sxm", "vllm", "0.19.0")
+    assert as_set.family_versions["gemm"] == as_set.family_versions["moe"] == "0.24.0"
+    # the fixture's 0.24.0 MoE slice has no fp8 or int4 rows: those come from 0.19.0
+    assert as_set.family_versions["moe@int4"] == "0.19.0"
+    assert as_set.note.startswith("evidence collected with vllm 0.24.0 (moe fp8, ")
+    per_family = evidence_loader(tmp_path, versions="family")("h100_sxm", "vllm", "0.19.0")
+    assert per_family.family_versions["gemm"] == "0.24.0"
+    assert per_family.family_versions["moe"] == "0.19.0"
+    assert "moe at 0.19.0" in per_family.note
+    with _pytest.raises(ConfigError, match="unknown evidence version policy"):
+        evidence_loader(tmp_path, versions="newest")
+
+
+def test_serve_refuses_an_unknown_version_policy():
+    from typer.testing import CliRunner
+
+    from perfcast.cli.main import app
+
+    out = CliRunner().invoke(app, ["serve", "meta-llama/Llama-3.1-8B", "--device", "h100_sxm",
+                                   "--evidence-root", str(ROOT), "--backend", "vllm",
+                                   "--evidence-versions", "newest", "--concurrency", "1",
+                                   "--isl", "64", "--osl", "4"])
+    assert out.exit_code == 2 and "--evidence-versions" in out.output
+    assert "Traceback" not in out.output

@@ -90,7 +90,7 @@ def test_cli_estimate_with_ep_and_attention_dp():
         "--ep-size", "8", "--num-queries", "64", "--query-length", "1", "--context-length",
         "2048", "--decode", "--kv-cache-dtype", "fp8", "--format", "json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     lineages = {op["lineage"] for op in doc["ops"]}
     assert {"L3-60.moe.experts", "L3-60.moe.dispatch", "L3-60.moe.combine",
             "L0-2.mla.kv_a_proj", "L3-60.mla.core"} <= lineages

@@ -69,6 +69,9 @@ def serve_command(
     decode_ep_size: Annotated[int, typer.Option("--decode-ep-size", help="0: as --ep-size")] = 0,
     evidence_root: Annotated[Optional[Path], typer.Option("--evidence-root", help="AIConfigurator-"
                                                           "layout folder of measured kernels")] = None,
+    evidence_versions: Annotated[str, typer.Option(
+        "--evidence-versions", help="set: every family at the GEMM tables' collected version "
+        "(one collection); family: each family at its own nearest version")] = "set",
     exact: Annotated[bool, typer.Option("--exact", help="cost every step shape exactly "
                                         "(no interpolation between grid nodes)")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
@@ -122,7 +125,7 @@ def serve_command(
         if evidence_root:
             from perfcast.serving.evidence import evidence_loader
 
-            ev = evidence_loader(evidence_root)(system.name, bk.name, backend_version)
+            ev = evidence_loader(evidence_root, versions=evidence_versions)(system.name, bk.name, backend_version)
             providers, context = ev.providers, (ev.context if ev.providers else None)
             evidence = {"root": str(evidence_root), "backend": bk.name,
                         "version": ev.version or None, "note": ev.note or None}

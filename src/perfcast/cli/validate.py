@@ -64,6 +64,9 @@ def silicon_command(
     evidence_root: Annotated[Optional[Path], typer.Option(
         "--evidence-root", help="measured kernels laid out as <system>/<family>/<framework>/"
         "<version>/*.parquet; without it every cost is analytic")] = None,
+    evidence_versions: Annotated[str, typer.Option(
+        "--evidence-versions", help="set: every family at the GEMM tables' collected version "
+        "(one collection); family: each family at its own nearest version")] = "set",
     model_configs: Annotated[Optional[Path], typer.Option(
         "--model-configs", help="folder of org--name_config.json files (default: built-in catalog)")] = None,
     output_format: Annotated[Format, typer.Option("--format", help="table | csv | json")] = Format.table,
@@ -90,7 +93,7 @@ def silicon_command(
         if evidence_root:
             from perfcast.serving.evidence import evidence_loader
 
-            evidence_for = evidence_loader(evidence_root)
+            evidence_for = evidence_loader(evidence_root, versions=evidence_versions)
         revision = load_calibration(calibration)
         with progress_bar("simulating rows", len(rows)) as advance:
             results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,

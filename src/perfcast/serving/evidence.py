@@ -124,12 +124,24 @@ def nearest_first(wanted: str, available: list[str]) -> list[str]:
     return out
 
 
-def evidence_loader(root: Path, *, policy: str = "interpolate"
+VERSION_POLICIES = ("set", "family")
+
+
+def evidence_loader(root: Path, *, policy: str = "interpolate", versions: str = "set"
                     ) -> Callable[[str, str, str], DeploymentEvidence]:
-    """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder:
-    every operation family at the collected version nearest the one asked
-    (`nearest_version`), each family on its own; an (operation, dtype) that version of
-    the family lacks is read from the nearest version that has it."""
+    """`evidence_for(system, backend, version)` over an AIConfigurator-layout folder.
+    `versions`: which collected version each operation family is read at:
+
+    * `set` (default): the tables collected with the GEMM family's nearest version, as
+      one set (a collection run's tables share one harness and engine build); a family
+      without that version takes its own nearest;
+    * `family`: every family at its own nearest version (`nearest_version`).
+
+    Either way an (operation, dtype) that the family's version lacks is read from the
+    nearest version that has it, and the note says so."""
+    if versions not in VERSION_POLICIES:
+        raise ConfigError(f"unknown evidence version policy {versions!r}",
+                          field="--evidence-versions", expected=" | ".join(VERSION_POLICIES))
     if not root.is_dir():
         raise ConfigError("is not a folder", source=str(root), field="--evidence-root",
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
@@ -151,7 +163,7 @@ def evidence_loader(root: Path, *, policy: str = "interpolate"
                 cache[key] = EMPTY
                 return EMPTY
             selection = _selection(available, version,
-                                   lambda f, v: read(system, f, backend, v))
+                                   lambda f, v: read(system, f, backend, v), versions)
             if not selection:
                 cache[key] = EMPTY
                 return EMPTY
@@ -182,14 +194,20 @@ def _pairs(db) -> frozenset:
                          db.table.column("dtype").to_pylist()))
 
 
-def _selection(available: dict[str, list[str]], version: str, read) -> tuple:
-    """((family, version, pairs), ...): each family at its nearest collected version
-    (pairs None: every row), then, nearest first, other versions for the (operation,
-    dtype) pairs not yet covered."""
+def _selection(available: dict[str, list[str]], version: str, read,
+               policy: str = "set") -> tuple:
+    """((family, version, pairs), ...): each family at its version under `policy` (pairs
+    None: every row), then, nearest first, other versions for the (operation, dtype)
+    pairs not yet covered."""
+    anchor = nearest_version(version, available[ANCHOR_FAMILY])
     out = []
     for family, versions in sorted(available.items()):
         covered = None
-        for v in nearest_first(version, versions):
+        order = nearest_first(version, versions)
+        if policy == "set" and anchor in order:
+            order.remove(anchor)
+            order.insert(0, anchor)
+        for v in order:
             part = read(family, v)
             if part is None:
                 continue
