@@ -263,7 +263,7 @@ def _import(root: Path, system: str, backend: str, selection: tuple, read) -> tu
             continue
         table = part.table
         keep = pc.is_in(pc.binary_join_element_wise(table["operation"], table["dtype"], "@"),
-                        value_set=pa_strings(f"{op}@{dtype}" for op, dtype in pairs))
+                        value_set=_string_array(f"{op}@{dtype}" for op, dtype in pairs))
         parts.append(PerformanceDatabase(table.filter(keep), name=part.name,
                                          sources=part.sources, _validated=True))
         for op, dtype in pairs:
@@ -276,7 +276,7 @@ def _import(root: Path, system: str, backend: str, selection: tuple, read) -> tu
     return db, op_versions, correction
 
 
-def pa_strings(values):
+def _string_array(values):
     import pyarrow as pa
 
     return pa.array(sorted(values), type=pa.string())
