@@ -127,7 +127,7 @@ FLASH, DEEP, CUTLASS = ("FlashInferFp8BlockScaledMMKernel", "DeepGemmFp8BlockSca
 
 
 def _view(inner, held, version="0.24.0", **kw):
-    return EngineKernelView(MeasuredView(inner), system=H100, engine="vllm", engine_version=version,
+    return EngineKernelView(MeasuredView(inner), system=H100, engine_version=version,
                             held={"gemm@fp8_block": held}, dispatch=dispatch_rules("vllm"), **kw)
 
 

@@ -204,8 +204,7 @@ def engine_kernels(layer: EvidenceLayer, context, system):
     family_versions = {op: nearest_version(context.runtime_revision, vs)
                        for op, vs in versions.items()}
     held = held_kernels(db)
-    views = [EngineKernelView(p, system=system, engine=context.runtime,
-                              engine_version=context.runtime_revision,
+    views = [EngineKernelView(p, system=system, engine_version=context.runtime_revision,
                               family_versions=family_versions, held=held,
                               dispatch=dispatch_rules(context.runtime))
              for p in layer.providers]

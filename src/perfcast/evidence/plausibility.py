@@ -43,13 +43,6 @@ class ScreenResult:
     too_slow: int
     worst_slow_ratio: float  # largest latency / (roofline + launch) among the rows
 
-    def to_json(self) -> dict:
-        return {"operation": self.operation, "dtype": self.dtype,
-                "implementation": self.implementation, "rows": self.rows,
-                "screened": self.screened, "below_bound": self.below_bound,
-                "too_slow": self.too_slow, "worst_slow_ratio": self.worst_slow_ratio,
-                "slow_factor": SLOW_FACTOR}
-
 
 def _int_axes(table) -> dict[str, np.ndarray]:
     axes = {}

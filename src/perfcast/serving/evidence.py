@@ -3,10 +3,10 @@
 `evidence_loader(root)` returns `evidence_for(system, backend, version)` that imports
 `root/<system>/<family>/<backend>/<version>/*.parquet` through the evidence layer's
 AIConfigurator importer and hands the providers to the resolver ahead of the analytic
-models. Each operation family takes the collected version nearest the deployment's
-(`nearest_version`: nearest in release numbers, ties to the newest not newer than the
-deployment's, else the oldest newer one), on its own; the choice per family is in the
-returned note. The providers ask, per query, for the kernel the engine's dispatch rules
+models. Which collected version each operation family is read at follows a policy
+(`set`: the GEMM family's nearest version for all; `family`: each its own nearest; see
+`evidence_loader`), with an (operation, dtype) the chosen version lacks read from the
+nearest version that has it; the choice is in the returned note. The providers ask, per query, for the kernel the engine's dispatch rules
 pick and take off the GEMM table's fitted per-call overhead under CUDA graphs
 (`serving.kernel_evidence`).
 """
@@ -326,8 +326,7 @@ def _deployment(measured: tuple | None, system: str, backend: str, version: str,
         except ConfigError:
             graphs = 0
         sys_obj = load_system(system)
-        views = tuple(EngineKernelView(p, system=sys_obj, engine=backend,
-                                       engine_version=version, family_versions=op_versions,
+        views = tuple(EngineKernelView(p, system=sys_obj, engine_version=version, family_versions=op_versions,
                                        held=held, dispatch=dispatch, correction=correction,
                                        graph_max_tokens=graphs)
                       for p in providers)

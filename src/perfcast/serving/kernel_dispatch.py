@@ -196,7 +196,3 @@ def dispatch_rules(engine: str) -> KernelDispatch | None:
         return None
     return parse_rules(doc, _resource("architectures.yaml"), f"serving/dispatch/{engine}.yaml")
 
-
-def compute_capability(device: str) -> int | None:
-    """The CUDA compute capability (major*10 + minor) of a catalog device, if known."""
-    return (_resource("architectures.yaml").get("compute_capability") or {}).get(device)

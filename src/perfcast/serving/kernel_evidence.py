@@ -36,7 +36,7 @@ from perfcast.evidence.work_model import matrix_peak
 
 
 class EngineKernelView:
-    def __init__(self, inner, *, system, engine: str, engine_version: str,
+    def __init__(self, inner, *, system, engine_version: str,
                  family_versions: dict[str, str] | None = None,
                  held: dict[str, tuple[str, ...]] | None = None,
                  dispatch=None, correction=None, graph_max_tokens: int = 0,
@@ -51,7 +51,6 @@ class EngineKernelView:
         self.name = inner.name
         self.revision = inner.revision
         self.system = system
-        self.engine = engine
         self.engine_version = engine_version
         self.family_versions = dict(family_versions or {})
         self.held = dict(held or {})
