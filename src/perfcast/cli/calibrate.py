@@ -166,17 +166,22 @@ def fit_kernels_command(
         _print_revision(rev, Console())
 
 
+def list_record(store: Optional[Path]) -> list[dict]:
+    """`perfcast calibrate list --format json`: the shipped default, then the store's."""
+    from perfcast.calibrate.store import CalibrationStore, default_revision, summary
+
+    items = [dict(summary(default_revision()), where="shipped default")]
+    return items + [dict(s, where="store") for s in CalibrationStore(store).list()]
+
+
 @app.command("list")
 def list_command(
     store: Annotated[Optional[Path], typer.Option("--store")] = None,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Stored revisions and the shipped default."""
-    from perfcast.calibrate.store import CalibrationStore, default_revision, summary
-
     with user_errors():
-        items = [dict(summary(default_revision()), where="shipped default")]
-        items += [dict(s, where="store") for s in CalibrationStore(store).list()]
+        items = list_record(store)
         if output_format is Format.json:
             typer.echo(json.dumps(items, indent=2))
             return

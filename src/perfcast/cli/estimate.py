@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -224,103 +224,204 @@ def estimate_command(
     with user_errors():
         extra = list(ctx.args) if ctx is not None else []
         model, models = performance_models(model, performance_model, extra)
-        check_profiling_options(models, profiling_database, interpolate,
-                                export_empirical_metrics)
-        check_combination(models, evidence or [])
         check_output_paths(chrome_trace=chrome_trace,
                            export_empirical_metrics=export_empirical_metrics)
-        batch = build_batch(num_queries, query_length, context_length, decode, decode_queries,
-                            decode_context_length)
-        plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, num_devices,
-                          moe_dispatch, expert_imbalance)
-        spec = load_model_spec(model)
-        for note in spec.notes:
-            typer.echo(f"note: {note}", err=True)
-        quant_flags = (quantize_linear_action, quantize_attention_action, kv_cache_dtype)
-        if dtype and any(quant_flags):
-            raise ConfigError("--dtype sets every dtype at once", field="--dtype",
-                              expected="either --dtype or the quantisation flags, not both")
-        if dtype:
-            precision = Precision.uniform(parse_dtype(dtype, field="--dtype").value)
-        else:
-            precision = precision_for_model(spec, linear_action=quantize_linear_action,
-                                            attention_action=quantize_attention_action,
-                                            kv_cache_dtype=kv_cache_dtype)
-        auto = AUTO in (implementation or [])
-        context = evidence_context(runtime, runtime_version,
-                                   [i for i in implementation or [] if i != AUTO], op_dim or [])
-        request = EstimateRequest(model=spec, device=device, plan=plan, batch=batch, context=context,
-                                  precision=precision, logits=logits, roofline_mode=roofline_mode,
-                                  num_microbatches=num_microbatches, pp_schedule=pp_schedule,
-                                  overlap=overlap,
-                                  full_timeline=full_timeline or chrome_trace is not None,
-                                  mtp_layers=mtp_layers, mla_form=mla_form,
-                                  block_size=block_size,
-                                  reserve_bytes=reserved_memory_gb * 2**30)
-        revision = load_calibration(calibration)
-        system = load_system(device)
-        calibrated = calibrated_for(device, revision)
-        layer = evidence_layer(system, evidence or [], evidence_policy, store,
-                               allow_foreign_evidence)
-        if auto:
-            layer, context = engine_kernels(layer, context, system)
-            request = replace(request, context=context)
-        results, sources = {}, {}
-        for name in models:
-            profiling, sources[name] = None, {}
-            if name == "profiling":
-                profiling, sources[name]["profiling_database"] = profiling_provider(
-                    request, system, profiling_database, interpolate, allow_foreign_evidence,
-                    calibrated)
-            if layer.sources:
-                sources[name]["evidence"] = layer.sources
-            resolver = model_resolver(name, request, system, layer, calibrated, profiling)
-            results[name] = estimate_step(request, resolver)
-        warnings = {name: w for name, r in results.items()
-                    if (w := evidence_silence(r, layer, context))}
-        for text in warnings.values():
+        args = EstimateArgs(
+            model=model, device=device, tp_size=tp_size, pp_size=pp_size, dp_size=dp_size,
+            ep_size=ep_size, moe_tp_size=moe_tp_size, num_devices=num_devices,
+            moe_dispatch=moe_dispatch, expert_imbalance=expert_imbalance,
+            quantize_linear_action=quantize_linear_action,
+            quantize_attention_action=quantize_attention_action, kv_cache_dtype=kv_cache_dtype,
+            mtp_layers=mtp_layers, mla_form=mla_form, block_size=block_size,
+            reserved_memory_gb=reserved_memory_gb, num_queries=num_queries,
+            query_length=query_length, context_length=context_length, decode=decode,
+            decode_queries=decode_queries, decode_context_length=decode_context_length,
+            dtype=dtype, logits=logits, roofline_mode=roofline_mode, attempts=attempts,
+            performance_model=models,
+            profiling_database=str(profiling_database) if profiling_database else None,
+            interpolate=interpolate,
+            export_empirical_metrics=(str(export_empirical_metrics)
+                                      if export_empirical_metrics else None),
+            num_microbatches=num_microbatches, pp_schedule=pp_schedule, overlap=overlap,
+            full_timeline=full_timeline or chrome_trace is not None, evidence=evidence,
+            runtime=runtime, runtime_version=runtime_version, implementation=implementation,
+            op_dim=op_dim, evidence_policy=evidence_policy,
+            store=str(store) if store else None,
+            allow_foreign_evidence=allow_foreign_evidence, calibration=calibration)
+        run = run_estimate(args, note=lambda text: typer.echo(text, err=True))
+        for text in run.warnings.values():
             typer.echo(f"warning: {text}", err=True)
-        metrics = None
-        if "profiling" in results:
-            from perfcast.evidence.profiling.metrics import MetricsCollector
-
-            collector = MetricsCollector()
-            collector.collect_from_costed(results["profiling"].costed)
-            metrics = collector.export_hit_miss_report(export_empirical_metrics)
         if chrome_trace:
             from perfcast.report.chrome_trace import write_chrome_trace
 
-            for name, result in results.items():
-                path = chrome_trace if len(results) == 1 else chrome_trace.with_name(
+            for name, result in run.results.items():
+                path = chrome_trace if len(run.results) == 1 else chrome_trace.with_name(
                     f"{chrome_trace.stem}.{name}{chrome_trace.suffix}")
                 write_chrome_trace(result, path)
         if output_format is OutputFormat.json:
-            from perfcast.report.step import step_json
-
-            docs = {}
-            for name, r in results.items():
-                docs[name] = step_json(r, include_attempts=attempts)
-                docs[name]["sources"] = sources[name]
-                docs[name]["providers"] = provider_counts(r)
-                docs[name]["warnings"] = [warnings[name]] if name in warnings else []
-            if metrics is not None:
-                docs["profiling"]["empirical_metrics"] = {k: metrics[k] for k in
-                                                          ("m1", "m2", "m3", "m4", "m5")}
-            doc = next(iter(docs.values())) if len(docs) == 1 else {"models": docs}
-            doc["calibration"] = {"revision": revision.digest if revision else "none",
-                                  "analytic_efficiency": bool(calibrated)}
-            typer.echo(json.dumps(doc, indent=2))
+            typer.echo(json.dumps(estimate_record(run), indent=2))
         else:
             from perfcast.report.tables import print_sources, print_step
 
             console = Console(width=max(Console().width, 220)) if wide else Console()
-            for name, result in results.items():
-                if len(results) > 1:
+            for name, result in run.results.items():
+                if len(run.results) > 1:
                     console.rule(f"performance model: {name}")
                 print_step(result, console, by_shape=dump_input_shapes, wide=wide)
-                print_sources(sources[name], provider_counts(result), console)
-            if metrics is not None:
-                print_metrics_summary(metrics, console)
+                print_sources(run.sources[name], provider_counts(result), console)
+            if run.metrics is not None:
+                print_metrics_summary(run.metrics, console)
+
+
+@dataclass(frozen=True)
+class EstimateArgs:
+    """The inputs of one `perfcast estimate` (the command's options by their Python names;
+    paths as strings). The CLI and the workbench API both build one and hand it to
+    `run_estimate`; `estimate_record` turns the run into the `--format json` document."""
+    model: str
+    device: str = "h100_sxm"
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 0
+    ep_size: int = 1
+    moe_tp_size: int = 0
+    num_devices: int = 0
+    moe_dispatch: str = "auto"
+    expert_imbalance: float = 1.0
+    quantize_linear_action: Optional[str] = None
+    quantize_attention_action: Optional[str] = None
+    kv_cache_dtype: Optional[str] = None
+    mtp_layers: int = 0
+    mla_form: str = "auto"
+    block_size: int = 0
+    reserved_memory_gb: float = 0.0
+    num_queries: int = 1
+    query_length: int = 1024
+    context_length: int = 0
+    decode: bool = False
+    decode_queries: int = 0
+    decode_context_length: int = 0
+    dtype: str = ""
+    logits: str = "last"
+    roofline_mode: str = "roofline"
+    attempts: bool = False
+    performance_model: Optional[list[str]] = None
+    profiling_database: Optional[str] = None
+    interpolate: bool = False
+    export_empirical_metrics: Optional[str] = None
+    num_microbatches: int = 1
+    pp_schedule: str = "gpipe"
+    overlap: str = "comm"
+    full_timeline: bool = False
+    evidence: Optional[list[str]] = None
+    runtime: str = ""
+    runtime_version: str = ""
+    implementation: Optional[list[str]] = None
+    op_dim: Optional[list[str]] = None
+    evidence_policy: str = "interpolate"
+    store: Optional[str] = None
+    allow_foreign_evidence: bool = False
+    calibration: str = "default"
+
+
+@dataclass
+class EstimateRun:
+    """What `run_estimate` computed: one StepResult per performance model, with the
+    evidence sources, silence warnings, M1-M5 metrics (profiling) and the revision."""
+    args: EstimateArgs
+    results: dict
+    sources: dict
+    warnings: dict
+    metrics: Optional[dict]
+    revision: object
+    calibrated: list
+
+
+def run_estimate(a: EstimateArgs, note=lambda text: None) -> EstimateRun:
+    """Estimate the step `a` describes; `note(text)` receives the model's notes."""
+    _, models = performance_models(a.model, a.performance_model, [])
+    profiling_database = Path(a.profiling_database) if a.profiling_database else None
+    export = Path(a.export_empirical_metrics) if a.export_empirical_metrics else None
+    store = Path(a.store) if a.store else None
+    check_profiling_options(models, profiling_database, a.interpolate, export)
+    check_combination(models, a.evidence or [])
+    batch = build_batch(a.num_queries, a.query_length, a.context_length, a.decode,
+                        a.decode_queries, a.decode_context_length)
+    plan = build_plan(a.tp_size, a.pp_size, a.dp_size, a.ep_size, a.moe_tp_size, a.num_devices,
+                      a.moe_dispatch, a.expert_imbalance)
+    spec = load_model_spec(a.model)
+    for text in spec.notes:
+        note(f"note: {text}")
+    quant_flags = (a.quantize_linear_action, a.quantize_attention_action, a.kv_cache_dtype)
+    if a.dtype and any(quant_flags):
+        raise ConfigError("--dtype sets every dtype at once", field="--dtype",
+                          expected="either --dtype or the quantisation flags, not both")
+    if a.dtype:
+        precision = Precision.uniform(parse_dtype(a.dtype, field="--dtype").value)
+    else:
+        precision = precision_for_model(spec, linear_action=a.quantize_linear_action,
+                                        attention_action=a.quantize_attention_action,
+                                        kv_cache_dtype=a.kv_cache_dtype)
+    implementation = a.implementation or []
+    auto = AUTO in implementation
+    context = evidence_context(a.runtime, a.runtime_version,
+                               [i for i in implementation if i != AUTO], a.op_dim or [])
+    request = EstimateRequest(model=spec, device=a.device, plan=plan, batch=batch,
+                              context=context, precision=precision, logits=a.logits,
+                              roofline_mode=a.roofline_mode,
+                              num_microbatches=a.num_microbatches, pp_schedule=a.pp_schedule,
+                              overlap=a.overlap, full_timeline=a.full_timeline,
+                              mtp_layers=a.mtp_layers, mla_form=a.mla_form,
+                              block_size=a.block_size,
+                              reserve_bytes=a.reserved_memory_gb * 2**30)
+    revision = load_calibration(a.calibration)
+    system = load_system(a.device)
+    calibrated = calibrated_for(a.device, revision)
+    layer = evidence_layer(system, a.evidence or [], a.evidence_policy, store,
+                           a.allow_foreign_evidence)
+    if auto:
+        layer, context = engine_kernels(layer, context, system)
+        request = replace(request, context=context)
+    results, sources = {}, {}
+    for name in models:
+        profiling, sources[name] = None, {}
+        if name == "profiling":
+            profiling, sources[name]["profiling_database"] = profiling_provider(
+                request, system, profiling_database, a.interpolate, a.allow_foreign_evidence,
+                calibrated)
+        if layer.sources:
+            sources[name]["evidence"] = layer.sources
+        resolver = model_resolver(name, request, system, layer, calibrated, profiling)
+        results[name] = estimate_step(request, resolver)
+    warnings = {name: w for name, r in results.items()
+                if (w := evidence_silence(r, layer, context))}
+    metrics = None
+    if "profiling" in results:
+        from perfcast.evidence.profiling.metrics import MetricsCollector
+
+        collector = MetricsCollector()
+        collector.collect_from_costed(results["profiling"].costed)
+        metrics = collector.export_hit_miss_report(export)
+    return EstimateRun(a, results, sources, warnings, metrics, revision, calibrated)
+
+
+def estimate_record(run: EstimateRun) -> dict:
+    """The `perfcast estimate --format json` document of a run."""
+    from perfcast.report.step import step_json
+
+    docs = {}
+    for name, r in run.results.items():
+        docs[name] = step_json(r, include_attempts=run.args.attempts)
+        docs[name]["sources"] = run.sources[name]
+        docs[name]["providers"] = provider_counts(r)
+        docs[name]["warnings"] = [run.warnings[name]] if name in run.warnings else []
+    if run.metrics is not None:
+        docs["profiling"]["empirical_metrics"] = {k: run.metrics[k] for k in
+                                                  ("m1", "m2", "m3", "m4", "m5")}
+    doc = next(iter(docs.values())) if len(docs) == 1 else {"models": docs}
+    doc["calibration"] = {"revision": run.revision.digest if run.revision else "none",
+                          "analytic_efficiency": bool(run.calibrated)}
+    return doc
 
 
 def performance_models(model: str, option: list[str] | None, extra: list[str]

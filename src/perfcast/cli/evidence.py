@@ -168,6 +168,11 @@ def import_table(
                        store)
 
 
+def list_record(manifests: list[dict]) -> list[dict]:
+    """`perfcast evidence list --format json`: digest, name and rows per snapshot."""
+    return [{k: m[k] for k in ("digest", "name", "rows")} for m in manifests]
+
+
 @app.command("list")
 def list_command(store: StoreOpt = None,
                  output_format: Annotated[Fmt, typer.Option("--format")] = Fmt.table) -> None:
@@ -176,8 +181,7 @@ def list_command(store: StoreOpt = None,
         st = _store(store)
         items = st.list()
         if output_format is Fmt.json:
-            typer.echo(json.dumps([{k: m[k] for k in ("digest", "name", "rows")} for m in items],
-                                  indent=1))
+            typer.echo(json.dumps(list_record(items), indent=1))
             return
         if not items:
             typer.echo(f"the evidence store {st.root} is empty (add a snapshot with "
@@ -225,6 +229,16 @@ def show_command(ref: Annotated[str, typer.Argument(help="snapshot digest or pre
                 typer.echo(f"  {s['path']}: {s['reason']}")
 
 
+def coverage_record(ref: str, hardware: Optional[str], store) -> list[dict]:
+    """`perfcast evidence coverage --format json` of `ref` (a snapshot in `store`, a saved
+    database or an AIConfigurator folder)."""
+    from perfcast.evidence.coverage import coverage
+    from perfcast.evidence.store import open_evidence
+
+    hw = _system(hardware, "--hardware") if hardware else None
+    return coverage(open_evidence(ref, hardware=hw, store=store), system_for=_catalog_system)
+
+
 @app.command("coverage")
 def coverage_command(
     ref: Annotated[str, typer.Argument(help="snapshot digest/prefix, saved database or "
@@ -237,12 +251,7 @@ def coverage_command(
 ) -> None:
     """Rows and axis ranges per operation, dtype, runtime and implementation."""
     with user_errors():
-        from perfcast.evidence.coverage import coverage
-        from perfcast.evidence.store import open_evidence
-
-        hw = _system(hardware, "--hardware") if hardware else None
-        items = coverage(open_evidence(ref, hardware=hw, store=_store(store)),
-                         system_for=_catalog_system)
+        items = coverage_record(ref, hardware, _store(store))
         if output_format is Fmt.json:
             typer.echo(json.dumps(items, indent=1))
             return
@@ -307,6 +316,34 @@ class _Resolvers:
         return hit
 
 
+def query_resolvers(ref: str, hardware: Optional[str], policy: str, store):
+    """(the resolvers over `ref`'s evidence, the system a query without "hardware" asks
+    about: `hardware`, else the one system the evidence holds)."""
+    from perfcast.evidence.store import open_evidence
+
+    db = open_evidence(ref, hardware=_system(hardware, "--hardware") if hardware else None,
+                       store=store)
+    resolvers = _Resolvers(db, policy, ref)
+    hw = resolvers.name(hardware, field="--hardware") if hardware else None
+    if hw is None:
+        if len(resolvers.held) != 1:
+            raise ConfigError(f"{ref} holds evidence for {resolvers.held}; say which system "
+                              "to query", field="--hardware", expected="a catalog id")
+        hw = resolvers.held[0]
+    return resolvers, hw
+
+
+def query_record(resolvers: _Resolvers, hardware: str, spec: dict, *,
+                 source: str = "command line") -> dict:
+    """`perfcast evidence query --format json` of one query spec (the fields a `--queries`
+    line holds; `hardware` fills a spec that names none)."""
+    from perfcast.evidence.chain import resolution_json
+    from perfcast.evidence.query_spec import build_query
+
+    return resolution_json(resolvers.get(hardware).resolve(
+        build_query(spec, source=source, default_hardware=hardware)))
+
+
 @app.command("query")
 def query_command(
     ref: Annotated[str, typer.Argument(help="snapshot digest/prefix, saved database folder or "
@@ -330,7 +367,6 @@ def query_command(
     """Resolve queries through database -> interpolation -> roofline/collective model."""
     from perfcast.evidence.chain import batch_gc, resolution_json
     from perfcast.evidence.query_spec import build_query, check_dims, parse_dim
-    from perfcast.evidence.store import open_evidence
 
     with user_errors():
         defaults: dict = {k: v for k, v in (
@@ -338,22 +374,13 @@ def query_command(
             ("runtime_version", runtime_version), ("implementation", implementation)) if v}
         flag_dims = dict(parse_dim(d) for d in dim or [])
         check_dims(flag_dims, source="command line", prefix="--dim ")
-        db = open_evidence(ref, hardware=_system(hardware, "--hardware") if hardware else None,
-                           store=_store(store))
-        resolvers = _Resolvers(db, policy, ref)
-        hw = resolvers.name(hardware, field="--hardware") if hardware else None
-        if hw is None:
-            if len(resolvers.held) != 1:
-                raise ConfigError(f"{ref} holds evidence for {resolvers.held}; say which system "
-                                  "to query", field="--hardware", expected="a catalog id")
-            hw = resolvers.held[0]
+        resolvers, hw = query_resolvers(ref, hardware, policy, _store(store))
         if queries is None:
             if not operation:
                 raise ConfigError("state --operation (or give --queries FILE.jsonl)",
                                   field="--operation")
-            query = build_query({**defaults, "dims": flag_dims}, source="command line",
-                                default_hardware=hw)
-            out = resolution_json(resolvers.get(hw).resolve(query))
+            out = query_record(resolvers, hw, {**defaults, "dims": flag_dims},
+                               source="command line")
             if output_format is Fmt.json:
                 typer.echo(json.dumps(out, indent=1))
             else:

@@ -96,18 +96,23 @@ def list_command(store: StoreOpt = None, output_format: FormatOpt = Fmt.table) -
                        f"{m['system']}  {m['sources']} source(s)")
 
 
+def show_record(obs) -> dict:
+    """`perfcast observe show --format json` of a loaded (verified) observation set."""
+    from perfcast.observe.codec import manifest_json
+
+    return {"observation_set": obs.digest, "verified": True, **manifest_json(obs.manifest)}
+
+
 @app.command("show")
 def show_command(ref: Annotated[str, typer.Argument(help="observation set digest or prefix")],
                  store: StoreOpt = None, output_format: FormatOpt = Fmt.table) -> None:
     """A set's manifest (sources with sha256, importer, environment facts), verified."""
     with user_errors():
-        from perfcast.observe.codec import manifest_json
-
         obs = _store(store).get(ref)
-        m = manifest_json(obs.manifest)
+        doc = show_record(obs)
+        m = doc
         if output_format is Fmt.json:
-            typer.echo(json.dumps({"observation_set": obs.digest, "verified": True, **m},
-                                  indent=1, sort_keys=True))
+            typer.echo(json.dumps(doc, indent=1, sort_keys=True))
             return
         typer.echo(f"observation set {obs.digest} (verified)")
         typer.echo(f"kind {m['kind']}, {m['rows']} rows, system {m['system']}, importer "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -68,59 +69,103 @@ def search_command(
         f"{MAX_SIMULATED_REQUESTS:,} requests each")] = False,
 ) -> None:
     """Sweep layouts, concurrency and agg vs disagg; print the Pareto frontier and top-N."""
-    from perfcast.hardware import load_system
-    from perfcast.serving.backends import load_backend
-    from perfcast.serving.search import SearchSpace, default_ep_sizes, search
-    from perfcast.workload import load_model_spec
-
     with user_errors():
         check_output_paths(plot=plot)
         if plot is not None:
             from perfcast.serving.plots import check_plot_path
 
             check_plot_path(plot)
-        if slo_percentile not in (None, 50, 90, 99):
-            raise ConfigError(f"has value {slo_percentile}", field="--slo-percentile",
-                              expected="50, 90 or 99 (default: the mean)")
-        statistic = "mean" if slo_percentile is None else f"p{slo_percentile}"
-        concurrencies = _ints(concurrency, "--concurrency")
-        check_request_count(SearchSpace.prompts_per_concurrency * max(concurrencies),
-                            "--concurrency", allow_long_run)
-        spec = load_model_spec(model)
-        for note in spec.notes:
-            typer.echo(f"note: {note}", err=True)
-        system = load_system(device)
-        revision = load_calibration(calibration)
-        bk = load_backend(backend)
-        fitted = backend_overheads(revision, bk.name)
-        tps, dps = _ints(tp_sizes, "--tp-sizes"), _ints(dp_sizes, "--dp-sizes")
-        eps = (_ints(ep_sizes, "--ep-sizes") if ep_sizes is not None
-               else default_ep_sizes(spec, tps, dps))
-        space = SearchSpace(
-            model=spec, system=device, backend=backend,
-            backend_version=backend_version, gpus=gpus, isl=isl, osl=osl,
-            concurrencies=concurrencies, tp_sizes=tps, dp_sizes=dps,
-            ep_sizes=eps, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-            max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, slo_statistic=statistic,
+        args = SearchArgs(
+            model=model, device=device, backend=backend, backend_version=backend_version,
+            gpus=gpus, isl=isl, osl=osl, concurrency=concurrency, tp_sizes=tp_sizes,
+            dp_sizes=dp_sizes, ep_sizes=ep_sizes, modes=modes, max_ttft_ms=max_ttft_ms,
+            max_tpot_ms=max_tpot_ms, slo_percentile=slo_percentile, top_n=top_n,
+            executor=executor, workers=workers,
             evidence_root=str(evidence_root) if evidence_root else None,
-            overheads=tuple(sorted(fitted.items())), allow_long_run=allow_long_run,
-            extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)))
+            calibration=calibration, allow_long_run=allow_long_run)
         with search_progress() as (on_start, on_done):
-            cands = search(space, executor=executor, workers=workers or None,
-                           on_start=on_start, on_done=on_done)
+            doc, cands = run_search(args, note=lambda text: typer.echo(text, err=True),
+                                    on_start=on_start, on_done=on_done)
         if plot:
             from perfcast.serving.plots import write_plot
 
             write_plot(cands, plot)
-        calib = revision.digest if revision else "none"
-        evidence = ({"root": str(evidence_root), "backend": bk.name,
-                     "version": _evidence_version(space, system.name)}
-                    if evidence_root else None)
-        doc = search_report(space, spec, system, bk.name, cands, top_n, calib, evidence)
         if output_format is OutputFormat.json:
             typer.echo(json.dumps(doc, indent=2))
             return
         print_search(doc, Console())
+
+
+@dataclass(frozen=True)
+class SearchArgs:
+    """The inputs of one `perfcast search` (the command's options by their Python names;
+    lists as the comma-separated text the flags take), shared by the CLI and the
+    workbench API."""
+    model: str
+    device: str = "h100_sxm"
+    backend: str = "vllm"
+    backend_version: str = ""
+    gpus: int = 8
+    isl: int = 1024
+    osl: int = 256
+    concurrency: str = "4,8,16,32,64,128"
+    tp_sizes: str = "1,2,4,8"
+    dp_sizes: str = "1"
+    ep_sizes: Optional[str] = None
+    modes: str = "agg,disagg"
+    max_ttft_ms: Optional[float] = None
+    max_tpot_ms: Optional[float] = None
+    slo_percentile: Optional[int] = None
+    top_n: int = 10
+    executor: str = "local"
+    workers: int = 0
+    evidence_root: Optional[str] = None
+    calibration: str = "default"
+    allow_long_run: bool = False
+
+
+def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=None):
+    """(the `perfcast search --format json` document, the candidates) of `a`;
+    `on_start(layouts)` and `on_done()` report progress per layout."""
+    from perfcast.hardware import load_system
+    from perfcast.serving.backends import load_backend
+    from perfcast.serving.search import SearchSpace, default_ep_sizes, search
+    from perfcast.workload import load_model_spec
+
+    if a.slo_percentile not in (None, 50, 90, 99):
+        raise ConfigError(f"has value {a.slo_percentile}", field="--slo-percentile",
+                          expected="50, 90 or 99 (default: the mean)")
+    statistic = "mean" if a.slo_percentile is None else f"p{a.slo_percentile}"
+    concurrencies = _ints(a.concurrency, "--concurrency")
+    check_request_count(SearchSpace.prompts_per_concurrency * max(concurrencies),
+                        "--concurrency", a.allow_long_run)
+    spec = load_model_spec(a.model)
+    for text in spec.notes:
+        note(f"note: {text}")
+    system = load_system(a.device)
+    revision = load_calibration(a.calibration)
+    bk = load_backend(a.backend)
+    fitted = backend_overheads(revision, bk.name)
+    tps, dps = _ints(a.tp_sizes, "--tp-sizes"), _ints(a.dp_sizes, "--dp-sizes")
+    eps = (_ints(a.ep_sizes, "--ep-sizes") if a.ep_sizes is not None
+           else default_ep_sizes(spec, tps, dps))
+    evidence_root = Path(a.evidence_root) if a.evidence_root else None
+    space = SearchSpace(
+        model=spec, system=a.device, backend=a.backend,
+        backend_version=a.backend_version, gpus=a.gpus, isl=a.isl, osl=a.osl,
+        concurrencies=concurrencies, tp_sizes=tps, dp_sizes=dps,
+        ep_sizes=eps, modes=tuple(m.strip() for m in a.modes.split(",") if m.strip()),
+        max_ttft_ms=a.max_ttft_ms, max_tpot_ms=a.max_tpot_ms, slo_statistic=statistic,
+        evidence_root=str(evidence_root) if evidence_root else None,
+        overheads=tuple(sorted(fitted.items())), allow_long_run=a.allow_long_run,
+        extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)))
+    cands = search(space, executor=a.executor, workers=a.workers or None,
+                   on_start=on_start, on_done=on_done)
+    calib = revision.digest if revision else "none"
+    evidence = ({"root": str(evidence_root), "backend": bk.name,
+                 "version": _evidence_version(space, system.name)}
+                if evidence_root else None)
+    return search_report(space, spec, system, bk.name, cands, a.top_n, calib, evidence), cands
 
 
 def _evidence_version(space, system: str) -> str | None:
@@ -175,6 +220,7 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
         "pareto": [candidate_json(c) for c in cands if c.pareto],
         "top": [candidate_json(c) for c in best],
         "nearest_misses": [candidate_json(c) for c in nearest_misses(cands, min(top_n, 5))],
+        "configurations": [configuration_row(c, space.slo_statistic) for c in cands],
         "evaluated": len(cands),
         "meet_slo": sum(c.meets_slo for c in cands),
         "failures": failure_counts(cands),
@@ -184,6 +230,19 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
         "provenance": provenance_json(rows, queries, calibration=calibration,
                                       evidence=evidence),
     }
+
+
+def configuration_row(c, statistic: str) -> dict:
+    """One evaluated configuration in a line: what a Pareto plot of every configuration
+    needs (TTFT and TPOT are the SLO statistic's; None where not simulated)."""
+    m = c.metrics or {}
+    return {"layout": c.layout, "mode": c.mode, "gpus": c.gpus, "concurrency": c.concurrency,
+            "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"),
+            "tokens_per_s_per_user": m.get("tokens_per_s_per_user"),
+            "ttft_ms": (m.get("ttft_ms") or {}).get(statistic),
+            "tpot_ms": (m.get("tpot_ms") or {}).get(statistic),
+            "meets_slo": c.meets_slo, "pareto": c.pareto, "failures": list(c.failures),
+            "error": c.error}
 
 
 def print_search(doc: dict, console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -82,6 +83,80 @@ def serve_command(
         "--allow-long-run", help=f"simulate more than {MAX_SIMULATED_REQUESTS:,} requests")] = False,
 ) -> None:
     """Simulate clients against one engine configuration and report request metrics."""
+    with user_errors():
+        check_output_paths(chrome_trace=chrome_trace)
+        args = ServeArgs(
+            model=model, device=device, backend=backend, backend_version=backend_version,
+            tp_size=tp_size, pp_size=pp_size, dp_size=dp_size, ep_size=ep_size,
+            moe_tp_size=moe_tp_size, quantize_linear_action=quantize_linear_action,
+            kv_cache_dtype=kv_cache_dtype, isl=isl, osl=osl, range_ratio=range_ratio,
+            concurrency=concurrency, request_rate=request_rate,
+            arrival_trace=str(arrival_trace) if arrival_trace else None,
+            num_requests=num_requests, warmup_requests=warmup_requests, seed=seed,
+            policy=policy, token_budget=token_budget,
+            max_running_requests=max_running_requests, chunked_prefill=chunked_prefill,
+            mode=mode, workers=workers, decode_workers=decode_workers,
+            decode_tp_size=decode_tp_size, decode_dp_size=decode_dp_size,
+            decode_ep_size=decode_ep_size,
+            evidence_root=str(evidence_root) if evidence_root else None,
+            evidence_versions=evidence_versions, exact=exact, calibration=calibration,
+            allow_long_run=allow_long_run)
+        metrics, result = run_serve(args, note=lambda text: typer.echo(text, err=True),
+                                    record_trace=chrome_trace is not None)
+        if chrome_trace:
+            from perfcast.serving.trace import write_iteration_trace
+
+            write_iteration_trace(result.engines, chrome_trace)
+        if output_format is OutputFormat.json:
+            typer.echo(json.dumps(metrics, indent=2))
+            return
+        _print_table(metrics, Console())
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """The inputs of one `perfcast serve` (the command's options by their Python names;
+    paths as strings), shared by the CLI and the workbench API."""
+    model: str
+    device: str = "h100_sxm"
+    backend: str = "vllm"
+    backend_version: str = ""
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+    ep_size: int = 1
+    moe_tp_size: int = 0
+    quantize_linear_action: Optional[str] = None
+    kv_cache_dtype: Optional[str] = None
+    isl: int = 1024
+    osl: int = 128
+    range_ratio: float = 1.0
+    concurrency: Optional[int] = None
+    request_rate: Optional[float] = None
+    arrival_trace: Optional[str] = None
+    num_requests: int = 0
+    warmup_requests: int = 0
+    seed: int = 0
+    policy: Optional[str] = None
+    token_budget: Optional[int] = None
+    max_running_requests: Optional[int] = None
+    chunked_prefill: Optional[bool] = None
+    mode: str = "agg"
+    workers: int = 1
+    decode_workers: int = 1
+    decode_tp_size: int = 0
+    decode_dp_size: int = 0
+    decode_ep_size: int = 0
+    evidence_root: Optional[str] = None
+    evidence_versions: str = "set"
+    exact: bool = False
+    calibration: str = "default"
+    allow_long_run: bool = False
+
+
+def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
+    """(the `perfcast serve --format json` document, the ServingResult) of `a`;
+    `note(text)` receives the model's and the evidence's notes."""
     from perfcast.hardware import load_system
     from perfcast.serving.backends import load_backend
     from perfcast.serving.deploy import Pool, ServeConfig, run_serving
@@ -89,79 +164,73 @@ def serve_command(
     from perfcast.workload import load_model_spec
     from perfcast.workload.quant import precision_for_model
 
-    with user_errors():
-        check_output_paths(chrome_trace=chrome_trace)
-        client = client_settings(concurrency, request_rate, arrival_trace, num_requests,
-                                 warmup_requests)
-        check_request_count(client["num_requests"] + warmup_requests, "--num-requests"
-                            if num_requests else "--concurrency", allow_long_run)
-        spec = load_model_spec(model)
-        for note in spec.notes:
-            typer.echo(f"note: {note}", err=True)
-        plan = build_plan(tp_size, pp_size, dp_size, ep_size, moe_tp_size, 0)
-        precision = precision_for_model(spec, linear_action=quantize_linear_action,
-                                        kv_cache_dtype=kv_cache_dtype)
-        revision = load_calibration(calibration)
-        system = load_system(device)
-        bk = load_backend(backend)
-        bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
-            policy=policy, token_budget=token_budget, max_running_requests=max_running_requests,
-            chunked_prefill=chunked_prefill)
-        decode_pool = None
-        if mode == "disagg":
-            dplan = build_plan(decode_tp_size or tp_size, pp_size, decode_dp_size or dp_size,
-                               decode_ep_size or ep_size, 0, 0)
-            decode_pool = Pool(dplan, decode_workers)
-        arrivals = client.pop("arrival_times_s")
-        cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=backend_version,
-                          precision=precision, mode=mode, pool=Pool(plan, workers),
-                          decode_pool=decode_pool, isl=isl, osl=osl, range_ratio=range_ratio,
-                          concurrency=client["concurrency"],
-                          request_rate_per_s=client["request_rate_per_s"],
-                          arrival_times_s=arrivals, num_requests=client["num_requests"],
-                          warmup_requests=warmup_requests, seed=seed, interpolate=not exact,
-                          record_trace=chrome_trace is not None)
-        providers, context, evidence = (), None, None
-        if evidence_root:
-            from perfcast.serving.evidence import evidence_loader
+    arrival_trace = Path(a.arrival_trace) if a.arrival_trace else None
+    evidence_root = Path(a.evidence_root) if a.evidence_root else None
+    client = client_settings(a.concurrency, a.request_rate, arrival_trace, a.num_requests,
+                             a.warmup_requests)
+    check_request_count(client["num_requests"] + a.warmup_requests, "--num-requests"
+                        if a.num_requests else "--concurrency", a.allow_long_run)
+    spec = load_model_spec(a.model)
+    for text in spec.notes:
+        note(f"note: {text}")
+    plan = build_plan(a.tp_size, a.pp_size, a.dp_size, a.ep_size, a.moe_tp_size, 0)
+    precision = precision_for_model(spec, linear_action=a.quantize_linear_action,
+                                    kv_cache_dtype=a.kv_cache_dtype)
+    revision = load_calibration(a.calibration)
+    system = load_system(a.device)
+    bk = load_backend(a.backend)
+    bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
+        policy=a.policy, token_budget=a.token_budget,
+        max_running_requests=a.max_running_requests, chunked_prefill=a.chunked_prefill)
+    decode_pool = None
+    if a.mode == "disagg":
+        dplan = build_plan(a.decode_tp_size or a.tp_size, a.pp_size,
+                           a.decode_dp_size or a.dp_size, a.decode_ep_size or a.ep_size, 0, 0)
+        decode_pool = Pool(dplan, a.decode_workers)
+    arrivals = client.pop("arrival_times_s")
+    cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=a.backend_version,
+                      precision=precision, mode=a.mode, pool=Pool(plan, a.workers),
+                      decode_pool=decode_pool, isl=a.isl, osl=a.osl, range_ratio=a.range_ratio,
+                      concurrency=client["concurrency"],
+                      request_rate_per_s=client["request_rate_per_s"],
+                      arrival_times_s=arrivals, num_requests=client["num_requests"],
+                      warmup_requests=a.warmup_requests, seed=a.seed, interpolate=not a.exact,
+                      record_trace=record_trace)
+    providers, context, evidence = (), None, None
+    if evidence_root:
+        from perfcast.serving.evidence import evidence_loader
 
-            ev = evidence_loader(evidence_root, versions=evidence_versions)(system.name, bk.name, backend_version)
-            providers, context = ev.providers, (ev.context if ev.providers else None)
-            evidence = {"root": str(evidence_root), "backend": bk.name,
-                        "version": ev.version or None, "note": ev.note or None}
-            if ev.note:
-                typer.echo(f"note: {ev.note}", err=True)
-        calibrated = (analytic_for(revision) or (lambda _: []))(system.name)
-        wrapped, tally = tallied((*providers, *calibrated))
-        result = run_serving(cfg, evidence=wrapped, evidence_context=context)
-        if chrome_trace:
-            from perfcast.serving.trace import write_iteration_trace
-
-            write_iteration_trace(result.engines, chrome_trace)
-        metrics = result.metrics.to_json()
-        metrics["calibration"] = revision.digest if revision is not None else "none"
-        metrics["calibration_held_out_error"] = held_out_error(revision)
-        metrics["inputs"] = {
-            "model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
-            "device": system.name, "system_digest": system.digest,
-            "backend": bk.name, "backend_version": backend_version or None,
-            "mode": mode, "layout": _layout(plan, workers, decode_pool),
-            "precision": {"weight": precision.weight, "activation": precision.activation,
-                          "kv_cache": precision.kv_cache},
-            "scheduler": {"policy": bk.scheduler.policy,
-                          "token_budget": bk.scheduler.token_budget,
-                          "max_running_requests": bk.scheduler.max_running_requests,
-                          "chunked_prefill": bk.scheduler.chunked_prefill},
-            "client": {**client, "isl": isl, "osl": osl, "range_ratio": range_ratio,
-                       "warmup_requests": warmup_requests, "seed": seed},
-            "interpolate": not exact, "notes": list(spec.notes)}
-        metrics["provenance"] = provenance_json(
-            tally.rows(), tally.queries if wrapped else None,
-            calibration=metrics["calibration"], evidence=evidence)
-        if output_format is OutputFormat.json:
-            typer.echo(json.dumps(metrics, indent=2))
-            return
-        _print_table(metrics, Console())
+        ev = evidence_loader(evidence_root, versions=a.evidence_versions)(
+            system.name, bk.name, a.backend_version)
+        providers, context = ev.providers, (ev.context if ev.providers else None)
+        evidence = {"root": str(evidence_root), "backend": bk.name,
+                    "version": ev.version or None, "note": ev.note or None}
+        if ev.note:
+            note(f"note: {ev.note}")
+    calibrated = (analytic_for(revision) or (lambda _: []))(system.name)
+    wrapped, tally = tallied((*providers, *calibrated))
+    result = run_serving(cfg, evidence=wrapped, evidence_context=context)
+    metrics = result.metrics.to_json()
+    metrics["calibration"] = revision.digest if revision is not None else "none"
+    metrics["calibration_held_out_error"] = held_out_error(revision)
+    metrics["inputs"] = {
+        "model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
+        "device": system.name, "system_digest": system.digest,
+        "backend": bk.name, "backend_version": a.backend_version or None,
+        "mode": a.mode, "layout": _layout(plan, a.workers, decode_pool),
+        "precision": {"weight": precision.weight, "activation": precision.activation,
+                      "kv_cache": precision.kv_cache},
+        "scheduler": {"policy": bk.scheduler.policy,
+                      "token_budget": bk.scheduler.token_budget,
+                      "max_running_requests": bk.scheduler.max_running_requests,
+                      "chunked_prefill": bk.scheduler.chunked_prefill},
+        "client": {**client, "isl": a.isl, "osl": a.osl, "range_ratio": a.range_ratio,
+                   "warmup_requests": a.warmup_requests, "seed": a.seed},
+        "interpolate": not a.exact, "notes": list(spec.notes)}
+    metrics["provenance"] = provenance_json(
+        tally.rows(), tally.queries if wrapped else None,
+        calibration=metrics["calibration"], evidence=evidence)
+    return metrics, result
 
 
 def client_settings(concurrency: int | None, request_rate: float | None,

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -58,6 +59,53 @@ def rows_csv(results) -> str:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class ValidateArgs:
+    """The inputs of one `perfcast validate silicon` (paths as strings), shared by the CLI
+    and the workbench API."""
+    file: str
+    evidence_root: Optional[str] = None
+    evidence_versions: str = "set"
+    model_configs: Optional[str] = None
+    mode: Optional[str] = None
+    statistic: str = "mean"
+    calibration: str = "default"
+
+
+def silicon_rows(a: ValidateArgs) -> list[dict]:
+    """The rows of the file `a` names (of `a.mode` only, when given)."""
+    from perfcast.serving.silicon import read_rows
+
+    file = Path(a.file)
+    if not file.is_file():
+        raise ConfigError("does not exist" if not file.exists() else "is not a file",
+                          source=str(file), expected="a silicon-sample CSV")
+    rows = read_rows(file)
+    if a.mode:
+        rows = [r for r in rows if (r.get("mode") or "").strip() == a.mode]
+    return rows
+
+
+def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
+    """(the `perfcast validate silicon --format json` document, the row results) of the
+    rows of `a`; `progress(done, total)` as rows finish."""
+    from perfcast.serving.silicon import summarize, validate_rows
+
+    evidence_for = None
+    if a.evidence_root:
+        from perfcast.serving.evidence import evidence_loader
+
+        evidence_for = evidence_loader(Path(a.evidence_root), versions=a.evidence_versions)
+    revision = load_calibration(a.calibration)
+    results = validate_rows(rows, configs_dir=Path(a.model_configs) if a.model_configs else None,
+                            evidence_for=evidence_for, statistic=a.statistic,
+                            overheads=all_overheads(revision),
+                            analytic_for=analytic_for(revision), progress=progress)
+    doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
+           "calibration": revision.digest if revision else "none"}
+    return doc, results
+
+
 @app.command("silicon")
 def silicon_command(
     file: Annotated[Path, typer.Argument(help="silicon-sample CSV (AIConfigurator layout)")],
@@ -79,32 +127,21 @@ def silicon_command(
     calibration: CalibrationOption = "default",
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
-    from perfcast.serving.silicon import read_rows, summarize, validate_rows
-
     with user_errors():
         check_output_paths(output=output)
-        if not file.is_file():
-            raise ConfigError("does not exist" if not file.exists() else "is not a file",
-                              source=str(file), expected="a silicon-sample CSV")
-        rows = read_rows(file)
-        if mode:
-            rows = [r for r in rows if (r.get("mode") or "").strip() == mode]
-        evidence_for = None
-        if evidence_root:
-            from perfcast.serving.evidence import evidence_loader
-
-            evidence_for = evidence_loader(evidence_root, versions=evidence_versions)
-        revision = load_calibration(calibration)
+        args = ValidateArgs(file=str(file),
+                            evidence_root=str(evidence_root) if evidence_root else None,
+                            evidence_versions=evidence_versions,
+                            model_configs=str(model_configs) if model_configs else None,
+                            mode=mode, statistic=statistic, calibration=calibration)
+        rows = silicon_rows(args)
         with progress_bar("simulating rows", len(rows)) as advance:
-            results = validate_rows(rows, configs_dir=model_configs, evidence_for=evidence_for,
-                                    statistic=statistic, overheads=all_overheads(revision),
-                                    analytic_for=analytic_for(revision), progress=advance)
-        groups = summarize(results)
+            doc, results = run_validate(args, rows, progress=advance)
+        groups = doc["summary"]
         if output_format is Format.csv:
             text = rows_csv(results)
         elif output_format is Format.json:
-            text = json.dumps({"rows": [r.__dict__ for r in results], "summary": groups,
-                               "calibration": revision.digest if revision else "none"}, indent=2)
+            text = json.dumps(doc, indent=2)
         else:
             text = None
         if text is not None:
