@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean workbench browser
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ demo: $(VENV)/.installed-core
 	$(BIN)/perfcast estimate meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --num-queries 64 --query-length 1 --context-length 4096 --decode
 	$(BIN)/perfcast serve meta-llama/Llama-3.1-70B --device h100_sxm --tp-size 8 --concurrency 64 --isl 1024 --osl 1024
 
-test: venv
+# the workbench's browser tests drive Debian's headless Chromium (never a downloaded browser)
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+test: venv browser
 	$(BIN)/python -m pytest -n 2 tests
+
+# the evidence workbench on http://127.0.0.1:8080/ (STORE=DIR for another evidence store)
+workbench: $(VENV)/.installed-core
+	$(BIN)/perfcast workbench $(if $(STORE),--store $(STORE))
 
 bench: venv
 	$(BIN)/python benchmarks/estimate_speed.py

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from perfcast.cli import catalog, collect, estimate, profiling, search, serve, validate
-from perfcast.cli import calibrate, observe
+from perfcast.cli import calibrate, observe, workbench
 from perfcast.cli import evidence as evidence_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -21,6 +21,7 @@ app.add_typer(calibrate.app, name="calibrate")
 app.command("serve")(serve.serve_command)
 app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")
+app.command("workbench")(workbench.workbench_command)
 
 
 def main() -> None:  # pragma: no cover

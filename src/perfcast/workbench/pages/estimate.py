@@ -1,0 +1,123 @@
+"""Estimate: one step of a model on a device, as `perfcast estimate --format json`
+reports it, with the per-op table, the memory bar and the step timeline."""
+
+from __future__ import annotations
+
+import json
+
+from perfcast.cli.estimate import EstimateArgs, estimate_record, run_estimate
+from perfcast.workbench import figures
+from perfcast.workbench.pages.common import devices, header, json_block, models, show_error, us
+
+
+def estimate_with_timeline(wb, args: EstimateArgs) -> tuple[dict, list[dict]]:
+    """(the estimate record, the Chrome trace events of its timeline) of `args`."""
+    from perfcast.report.chrome_trace import chrome_trace_events
+    from perfcast.workbench.api import estimate_args
+
+    run = run_estimate(estimate_args(wb, args))
+    result = next(iter(run.results.values()))
+    events = chrome_trace_events(result) if result.timeline is not None else []
+    return estimate_record(run), events
+
+
+OP_COLUMNS = (("lineage", "lineage"), ("operator", "operator"), ("count", "calls"),
+              ("latency_us", "latency (us, all calls)"), ("share", "share"),
+              ("method", "method"), ("provider", "provider"), ("bound", "bound"))
+
+
+def op_rows(doc: dict) -> list[dict]:
+    total = doc["sum_of_tasks_s"] or 1.0
+    return [{"i": i, "lineage": o["lineage"], "operator": o["operator"], "count": o["count"],
+             "latency_us": round(o["latency_s"] * 1e6, 3),
+             "share": round(100 * o["latency_s"] / total, 2), "method": o["method"],
+             "provider": o["provider"], "bound": o["bound"]} for i, o in enumerate(doc["ops"])]
+
+
+def register(wb, jobs) -> None:
+    from nicegui import run, ui
+
+    @ui.page("/estimate")
+    def estimate_page() -> None:
+        header("Estimate")
+        snapshots = {"": "(none: analytic and calibrated only)"}
+        snapshots.update({m["digest"]: f"{m['digest'][7:19]} {m.get('name', '')}"
+                          for m in wb.evidence_store().list()})
+        with ui.row().classes("items-end gap-3 w-full"):
+            model = ui.select(models(), value="meta-llama/Llama-3.1-8B", label="model",
+                              with_input=True, new_value_mode="add-unique") \
+                .classes("w-72").props('data-testid="model"')
+            device = ui.select(devices(), value="h100_sxm", label="device").classes("w-40")
+            tp = ui.number("TP", value=1, min=1, precision=0).classes("w-20") \
+                .props('data-testid="tp"')
+            pp = ui.number("PP", value=1, min=1, precision=0).classes("w-20")
+            nq = ui.number("requests", value=1, min=1, precision=0).classes("w-24") \
+                .props('data-testid="num-queries"')
+            ql = ui.number("query length", value=1024, min=1, precision=0).classes("w-28")
+            cl = ui.number("context length", value=0, min=0, precision=0).classes("w-28")
+            decode = ui.checkbox("decode")
+        with ui.row().classes("items-end gap-3 w-full"):
+            evidence = ui.select(snapshots, value="", label="evidence snapshot") \
+                .classes("w-96")
+            runtime = ui.input("runtime").classes("w-28")
+            version = ui.input("runtime version").classes("w-28")
+            impl = ui.input("implementation (KERNEL or OP=KERNEL, comma-separated)") \
+                .classes("w-80")
+            calibration = ui.input("calibration", value="default").classes("w-40")
+            go = ui.button("estimate").props('data-testid="run-estimate"')
+        out = ui.column().classes("w-full")
+        state: dict = {}
+
+        def args() -> EstimateArgs:
+            return EstimateArgs(
+                model=model.value, device=device.value, tp_size=int(tp.value or 1),
+                pp_size=int(pp.value or 1), num_queries=int(nq.value or 1),
+                query_length=int(ql.value or 1), context_length=int(cl.value or 0),
+                decode=bool(decode.value), evidence=[evidence.value] if evidence.value else None,
+                runtime=runtime.value or "", runtime_version=version.value or "",
+                implementation=[s.strip() for s in (impl.value or "").split(",") if s.strip()]
+                or None, calibration=calibration.value or "default")
+
+        async def clicked() -> None:
+            out.clear()
+            try:
+                a = args()
+                doc, events = await run.io_bound(estimate_with_timeline, wb, a)
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                show_error(out, exc)
+                return
+            state["args"] = a
+            with out:
+                ui.label(f"{doc['model']} on {doc['device']}: step {doc['latency_s'] * 1e3:.3f} "
+                         f"ms, {doc['tokens_per_s_per_device']:,.1f} tokens/s per device, "
+                         f"calibration {doc['calibration']['revision'][:19]}") \
+                    .classes("text-lg font-bold").props('data-testid="estimate-summary"')
+                for w in doc["warnings"]:
+                    ui.label(f"warning: {w}").classes("text-orange-700")
+                ui.plotly(figures.memory_figure(doc)).classes("w-full") \
+                    .props('data-testid="memory"')
+                ui.table(columns=[{"name": k, "label": label, "field": k, "sortable": True,
+                                   "align": "left"} for k, label in OP_COLUMNS],
+                         rows=op_rows(doc), row_key="i", pagination=25) \
+                    .classes("w-full").props('data-testid="ops"')
+                if events:
+                    ui.plotly(figures.timeline_figure(events)).classes("w-full") \
+                        .props('data-testid="timeline"')
+                ui.button("download Chrome trace (every layer)", on_click=download) \
+                    .props('data-testid="trace"')
+                with ui.expansion("the record (estimate --format json)"):
+                    json_block(doc)
+
+        async def download() -> None:
+            from perfcast.workbench.api import estimate_trace
+
+            try:
+                trace = await run.io_bound(estimate_trace, wb, state["args"])
+            except Exception as exc:  # noqa: BLE001
+                show_error(out, exc)
+                return
+            ui.download.content(json.dumps(trace), "perfcast-estimate-trace.json",
+                                "application/json")
+
+        go.on_click(clicked)
+

@@ -1,0 +1,118 @@
+"""Evidence: the snapshot catalog, coverage heatmap and kernel curves."""
+
+from __future__ import annotations
+
+from perfcast.workbench import evidence_views as views
+from perfcast.workbench import figures
+from perfcast.workbench.pages.common import header, show_error
+
+
+def register(wb, jobs) -> None:
+    from nicegui import run, ui
+
+    @ui.page("/evidence")
+    async def evidence_page() -> None:
+        header("Evidence")
+        ui.label(f"evidence store: {wb.evidence_path}").classes("text-sm text-gray-600")
+        try:
+            rows = views.catalog(wb.evidence_store().list())
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            show_error(ui.column(), exc)
+            return
+        if not rows:
+            ui.label("The evidence store is empty: import a snapshot with `perfcast evidence "
+                     "import aiconfigurator|vidur|table ...` (imports are a CLI action).") \
+                .props('data-testid="empty-store"')
+            return
+        cols = [{"name": k, "label": label, "field": k, "sortable": True, "align": "left"}
+                for k, label in (("short", "snapshot"), ("name", "name"), ("rows", "records"),
+                                 ("importer", "importer"), ("revisions", "source revisions"),
+                                 ("tables", "tables"), ("skipped", "skipped"),
+                                 ("licence", "licence"))]
+        table_rows = [{**r, "short": r["digest"][7:19],
+                       "revisions": ", ".join(r["source_revisions"][:6])
+                       + (f" (+{len(r['source_revisions']) - 6})"
+                          if len(r["source_revisions"]) > 6 else "")} for r in rows]
+        ui.table(columns=cols, rows=table_rows, row_key="digest", title="snapshots") \
+            .classes("w-full").props('data-testid="catalog"')
+
+        options = {r["digest"]: f"{r['digest'][7:19]} {r['name']}" for r in rows}
+        with ui.row().classes("items-end gap-4"):
+            snap = ui.select(options, value=rows[0]["digest"], label="snapshot") \
+                .classes("w-96").props('data-testid="snapshot"')
+            family = ui.select(list(views.CURVE_FAMILIES), value="gemm", label="kernel family") \
+                .classes("w-40")
+            dtype = ui.select(["bf16"], value="bf16", label="dtype").classes("w-32")
+            curve_sel = ui.select({}, label="curve").classes("w-[40rem]") \
+                .props('data-testid="curve-select"')
+        heat_box = ui.column().classes("w-full")
+        curve_box = ui.column().classes("w-full")
+        state: dict = {"series": []}
+
+        async def load_snapshot() -> None:
+            heat_box.clear()
+            try:
+                digest, db = await run.io_bound(wb.database, snap.value)
+                h = await run.io_bound(views.heatmap, db)
+            except Exception as exc:  # noqa: BLE001
+                show_error(heat_box, exc)
+                return
+            with heat_box:
+                ui.plotly(figures.heatmap_figure(h)).classes("w-full") \
+                    .props('data-testid="heatmap"')
+            dtypes = sorted({f.split(" ")[1] for f in h["families"]
+                             if f.split(" ")[0] == family.value}) or ["bf16"]
+            state["quiet"] = True
+            dtype.set_options(dtypes, value="bf16" if "bf16" in dtypes else dtypes[0])
+            state["quiet"] = False
+            await load_series()
+
+        async def load_series() -> None:
+            try:
+                _, db = await run.io_bound(wb.database, snap.value)
+                state["series"] = await run.io_bound(views.series, db, family.value,
+                                                     dtype.value)
+            except Exception as exc:  # noqa: BLE001
+                show_error(curve_box, exc)
+                return
+            state["quiet"] = True
+            curve_sel.set_options({i: f"{s['label']} ({s['points']} points)"
+                                   for i, s in enumerate(state["series"][:200])},
+                                  value=0 if state["series"] else None)
+            state["quiet"] = False
+            if state["series"]:
+                await draw_curve()
+            else:
+                curve_box.clear()
+                with curve_box:
+                    ui.label(f"no {family.value} {dtype.value} rows in this snapshot")
+
+        async def draw_curve() -> None:
+            if curve_sel.value is None or not state["series"]:
+                return
+            s = state["series"][curve_sel.value]
+            curve_box.clear()
+            try:
+                digest, db = await run.io_bound(wb.database, snap.value)
+                resolvers = await run.io_bound(wb.curve_resolvers, digest,
+                                               s["key"]["hardware"])
+                c = await run.io_bound(views.curve, db, digest, family.value, dtype.value,
+                                       s["key"], resolvers)
+            except Exception as exc:  # noqa: BLE001
+                show_error(curve_box, exc)
+                return
+            with curve_box:
+                ui.plotly(figures.curve_figure(c)).classes("w-full") \
+                    .props('data-testid="kernel-curve"')
+
+        def unless_quiet(handler):
+            async def run_it() -> None:
+                if not state.get("quiet"):
+                    await handler()
+            return run_it
+
+        snap.on_value_change(unless_quiet(load_snapshot))
+        family.on_value_change(unless_quiet(load_snapshot))
+        dtype.on_value_change(unless_quiet(load_series))
+        curve_sel.on_value_change(unless_quiet(draw_curve))
+        await load_snapshot()

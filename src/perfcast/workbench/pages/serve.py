@@ -1,0 +1,222 @@
+"""Serve and search: simulate one deployment (`perfcast serve`), or search layouts and
+concurrency under SLOs (`perfcast search`, a background job) and explore the Pareto
+frontier; clicking a configuration simulates it with `serve` and shows that record."""
+
+from __future__ import annotations
+
+from perfcast.cli.search import SearchArgs
+from perfcast.cli.serve import METRIC_ROWS, ServeArgs, run_serve
+from perfcast.serving.provenance import provenance_lines
+from perfcast.workbench import figures
+from perfcast.workbench.pages.common import devices, header, json_block, models, show_error
+
+SCALARS = ("throughput_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+           "request_throughput_per_s", "completed_requests", "rejected_requests",
+           "preemptions", "kv_utilization_mean", "kv_utilization_peak", "num_gpus")
+
+
+def metrics_view(metrics: dict, testid: str) -> None:
+    from nicegui import ui
+
+    rows = []
+    for key in METRIC_ROWS:
+        stats = metrics[key]
+        rows.append({"metric": key, **{k: "-" if stats[k] is None else f"{stats[k]:.2f}"
+                                       for k in ("mean", "p50", "p90", "p99")}})
+    ui.table(columns=[{"name": k, "label": k, "field": k, "align": "left"}
+                      for k in ("metric", "mean", "p50", "p90", "p99")],
+             rows=rows, row_key="metric", title="request latency (ms)") \
+        .props(f'data-testid="{testid}"')
+    with ui.grid(columns=4).classes("gap-x-6 text-sm"):
+        for key in SCALARS:
+            v = metrics[key]
+            ui.label(key)
+            ui.label(f"{v:,.3f}" if isinstance(v, float) else str(v)).classes("font-mono")
+    ui.label("numbers from").classes("font-bold")
+    for line in provenance_lines(metrics["provenance"]):
+        ui.label(line).classes("font-mono text-xs")
+
+
+def register(wb, jobs) -> None:
+    from nicegui import run, ui
+
+    @ui.page("/serve")
+    async def serve_page(job: str | None = None) -> None:
+        header("Serve and search")
+        with ui.row().classes("items-end gap-3 w-full"):
+            model = ui.select(models(), value="meta-llama/Llama-3.1-8B", label="model",
+                              with_input=True, new_value_mode="add-unique").classes("w-72")
+            device = ui.select(devices(), value="h100_sxm", label="device").classes("w-40")
+            backend = ui.select(["vllm", "sglang", "trtllm"], value="vllm", label="backend") \
+                .classes("w-28")
+            version = ui.input("backend version").classes("w-28")
+            isl = ui.number("isl", value=1024, min=1, precision=0).classes("w-24")
+            osl = ui.number("osl", value=128, min=1, precision=0).classes("w-24")
+            calibration = ui.input("calibration", value="default").classes("w-32")
+            evidence_root = ui.input("evidence root (AIConfigurator folder, optional)") \
+                .classes("w-80")
+        ui.label("serve one configuration").classes("text-lg font-bold mt-4")
+        with ui.row().classes("items-end gap-3"):
+            tp = ui.number("TP", value=1, min=1, precision=0).classes("w-20")
+            dp = ui.number("attention DP", value=1, min=1, precision=0).classes("w-28")
+            ep = ui.number("EP", value=1, min=1, precision=0).classes("w-20")
+            conc = ui.number("concurrency", value=8, min=1, precision=0).classes("w-28") \
+                .props('data-testid="concurrency"')
+            nreq = ui.number("requests (0: 10 x C)", value=0, min=0, precision=0) \
+                .classes("w-36")
+            serve_btn = ui.button("serve").props('data-testid="run-serve"')
+        serve_out = ui.column().classes("w-full")
+
+        def common() -> dict:
+            return {"model": model.value, "device": device.value, "backend": backend.value,
+                    "backend_version": version.value or "", "isl": int(isl.value or 1),
+                    "osl": int(osl.value or 1), "calibration": calibration.value or "default",
+                    "evidence_root": evidence_root.value or None}
+
+        async def serve_clicked() -> None:
+            serve_out.clear()
+            try:
+                a = ServeArgs(**common(), tp_size=int(tp.value or 1), dp_size=int(dp.value or 1),
+                              ep_size=int(ep.value or 1), concurrency=int(conc.value or 1),
+                              num_requests=int(nreq.value or 0))
+                metrics, _ = await run.io_bound(run_serve, a)
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                show_error(serve_out, exc)
+                return
+            with serve_out:
+                metrics_view(metrics, "serve-metrics")
+                with ui.expansion("the record (serve --format json)"):
+                    json_block(metrics)
+
+        serve_btn.on_click(serve_clicked)
+
+        ui.label("search layouts and concurrency").classes("text-lg font-bold mt-4")
+        with ui.row().classes("items-end gap-3"):
+            gpus = ui.number("GPUs", value=8, min=1, precision=0).classes("w-20")
+            tps = ui.input("TP sizes", value="1,2,4,8").classes("w-28") \
+                .props('data-testid="tp-sizes"')
+            concs = ui.input("concurrencies", value="4,8,16,32,64,128").classes("w-44") \
+                .props('data-testid="concurrencies"')
+            modes = ui.input("modes", value="agg,disagg").classes("w-28") \
+                .props('data-testid="modes"')
+            ttft = ui.number("max TTFT ms", value=None).classes("w-28")
+            tpot = ui.number("max TPOT ms", value=None).classes("w-28") \
+                .props('data-testid="max-tpot"')
+            pctl = ui.select({0: "mean", 50: "p50", 90: "p90", 99: "p99"}, value=0,
+                             label="SLO statistic").classes("w-28")
+            search_btn = ui.button("search").props('data-testid="run-search"')
+            cancel_btn = ui.button("cancel", color="negative").props(
+                'data-testid="cancel-search"')
+            cancel_btn.disable()
+        progress = ui.linear_progress(value=0, show_value=False).classes("w-full")
+        status = ui.label("").props('data-testid="search-status"')
+        search_out = ui.column().classes("w-full")
+        detail = ui.column().classes("w-full")
+        state: dict = {"job": None}
+
+        def show_search(doc: dict) -> None:
+            search_out.clear()
+            detail.clear()
+            state["doc"] = doc
+            with search_out:
+                plot = ui.plotly(figures.pareto_figure(doc)).classes("w-full") \
+                    .props('data-testid="pareto"')
+                plot.on("plotly_click", point_clicked)
+                ui.label("click a point: its configuration and its `serve` record").classes(
+                    "text-sm text-gray-600")
+                top = doc["top"] or doc["nearest_misses"]
+                ui.table(columns=[{"name": k, "label": k, "field": k, "sortable": True,
+                                   "align": "left"}
+                                  for k in ("layout", "gpus", "concurrency", "tok/s/GPU",
+                                            "tok/s/user")],
+                         rows=[{"i": i, "layout": c["layout"], "gpus": c["gpus"],
+                                "concurrency": c["concurrency"],
+                                "tok/s/GPU": round(c["metrics"]["tokens_per_s_per_gpu"], 1),
+                                "tok/s/user": round(c["metrics"]["tokens_per_s_per_user"], 1)}
+                               for i, c in enumerate(top)],
+                         row_key="i", title="top by tokens/s/GPU" if doc["top"]
+                         else "nothing meets the SLOs: nearest misses").classes("w-full")
+
+        async def point_clicked(e) -> None:
+            points = (e.args or {}).get("points") or []
+            if not points or points[0].get("customdata") is None:
+                return
+            row = state["doc"]["configurations"][int(points[0]["customdata"])]
+            detail.clear()
+            with detail:
+                ui.label(f"{row['layout']}, concurrency {row['concurrency']}").classes(
+                    "text-lg font-bold").props('data-testid="point-detail"')
+                json_block(row)
+                spinner = ui.spinner()
+            try:
+                a = ServeArgs(**figures.serve_args_for(state["doc"], row))
+                metrics, _ = await run.io_bound(run_serve, a)
+            except Exception as exc:  # noqa: BLE001
+                spinner.delete()
+                show_error(detail, exc)
+                return
+            spinner.delete()
+            with detail:
+                metrics_view(metrics, "point-serve")
+
+        def poll() -> None:
+            j = jobs.get(state["job"]) if state["job"] else None
+            if j is None:
+                return
+            progress.set_value(j.done / j.total if j.total else 0)
+            status.set_text(f"{j.id}: {j.state}, {j.done}/{j.total or '?'} layouts")
+            if j.state == "running":
+                return
+            timer.deactivate()
+            cancel_btn.disable()
+            search_btn.enable()
+            if j.state == "done":
+                show_search(j.result)
+            elif j.state == "failed":
+                show_error(search_out, RuntimeError((j.error or {}).get("error", "failed")))
+
+        timer = ui.timer(0.3, poll, active=False)
+
+        async def search_clicked() -> None:
+            from perfcast.workbench.api import check_search
+
+            search_out.clear()
+            detail.clear()
+            try:
+                c = common()
+                a = SearchArgs(model=c["model"], device=c["device"], backend=c["backend"],
+                               backend_version=c["backend_version"], isl=c["isl"],
+                               osl=c["osl"], calibration=c["calibration"],
+                               evidence_root=c["evidence_root"], gpus=int(gpus.value or 1),
+                               tp_sizes=tps.value, concurrency=concs.value, modes=modes.value,
+                               max_ttft_ms=ttft.value, max_tpot_ms=tpot.value,
+                               slo_percentile=pctl.value or None)
+                a = await run.io_bound(check_search, a)
+            except Exception as exc:  # noqa: BLE001
+                show_error(search_out, exc)
+                return
+            from dataclasses import asdict
+
+            state["job"] = jobs.submit("search", asdict(a)).id
+            search_btn.disable()
+            cancel_btn.enable()
+            timer.activate()
+
+        def cancel_clicked() -> None:
+            if state["job"]:
+                jobs.cancel(state["job"])
+
+        search_btn.on_click(search_clicked)
+        cancel_btn.on_click(cancel_clicked)
+        if job:
+            j = jobs.get(job)
+            if j is None:
+                show_error(search_out, KeyError(f"no job {job!r}"))
+            else:
+                state["job"] = job
+                if j.state == "running":
+                    search_btn.disable()
+                    cancel_btn.enable()
+                    timer.activate()
+                else:
+                    poll()
