@@ -57,9 +57,14 @@ def uncertainty_json(u) -> dict[str, Any]:
 
 
 def op_rows(result: StepResult) -> list[OpRow]:
-    total = result.sum_of_tasks_s or 1.0  # share of the plain sum (the makespan may be less)
+    return costed_op_rows(result.costed)
+
+
+def costed_op_rows(costed) -> list[OpRow]:
+    """Rows of one CostedGraph (share: of its plain sum)."""
+    total = costed.sum_of_tasks_s() or 1.0  # share of the plain sum (the makespan may be less)
     rows = []
-    for ct in result.costed.tasks:
+    for ct in costed.tasks:
         t = ct.task
         est = ct.resolution.estimate
         rows.append(OpRow(
@@ -78,30 +83,7 @@ def step_json(result: StepResult, *, include_attempts: bool = False) -> dict[str
     g = result.graph
     mem = g.memory
     cap = result.system.device.memory.capacity_bytes
-    ops = []
-    for row, ct in zip(op_rows(result), result.costed.tasks):
-        est = ct.resolution.estimate
-        op: dict[str, Any] = {
-            "lineage": row.lineage, "operator": row.operator, "group": row.group,
-            "count": row.count, "latency_s": row.latency_s, "avg_latency_s": row.avg_latency_s,
-            "method": row.method, "match_kind": row.match_kind, "provider": row.provider,
-            "provider_revision": est.provider_revision, "source_revision": est.source_revision,
-            "bound": row.bound, "flops": row.flops, "bytes": row.bytes,
-            "confidence": est.confidence, "uncertainty": uncertainty_json(est.uncertainty),
-            "validity": dict(est.validity), "raw_record_ids": list(est.raw_record_ids),
-            "assumptions": list(est.assumptions),
-        }
-        if row.label == "partial":
-            op["partial"] = True
-        if row.measured_on:
-            op["foreign_evidence"] = {"measured_on": row.measured_on,
-                                      "used_for": result.system.name}
-        if est.statistics:
-            op["statistics"] = dict(est.statistics)
-        if include_attempts:
-            op["attempts"] = [{"provider": a.provider, "outcome": a.outcome.value,
-                               "reason": a.reason} for a in ct.resolution.attempts]
-        ops.append(op)
+    ops = ops_json(result.costed, result.system.name, include_attempts=include_attempts)
     batch = g.batch
     return {
         "model": g.model.name,
@@ -140,3 +122,32 @@ def plan_json(result: StepResult) -> dict[str, Any] | None:
     `plan.sum_of_tasks_s` sums what was scheduled (every microbatch); the top-level
     `sum_of_tasks_s` is the whole step's task latencies added up once."""
     return None if result.timeline is None else result.timeline.summary()
+
+
+def ops_json(costed, system_name: str, *, include_attempts: bool = False) -> list[dict[str, Any]]:
+    """The `ops` list of `perfcast estimate --format json` for one CostedGraph."""
+    ops = []
+    for row, ct in zip(costed_op_rows(costed), costed.tasks):
+        est = ct.resolution.estimate
+        op: dict[str, Any] = {
+            "lineage": row.lineage, "operator": row.operator, "group": row.group,
+            "count": row.count, "latency_s": row.latency_s, "avg_latency_s": row.avg_latency_s,
+            "method": row.method, "match_kind": row.match_kind, "provider": row.provider,
+            "provider_revision": est.provider_revision, "source_revision": est.source_revision,
+            "bound": row.bound, "flops": row.flops, "bytes": row.bytes,
+            "confidence": est.confidence, "uncertainty": uncertainty_json(est.uncertainty),
+            "validity": dict(est.validity), "raw_record_ids": list(est.raw_record_ids),
+            "assumptions": list(est.assumptions),
+        }
+        if row.label == "partial":
+            op["partial"] = True
+        if row.measured_on:
+            op["foreign_evidence"] = {"measured_on": row.measured_on,
+                                      "used_for": system_name}
+        if est.statistics:
+            op["statistics"] = dict(est.statistics)
+        if include_attempts:
+            op["attempts"] = [{"provider": a.provider, "outcome": a.outcome.value,
+                               "reason": a.reason} for a in ct.resolution.attempts]
+        ops.append(op)
+    return ops

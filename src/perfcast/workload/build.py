@@ -19,7 +19,7 @@ LOGITS_MODES = ("last", "all")
 def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
                      precision: Precision | None = None, *, logits: str = "last",
                      mtp_layers: int = 0, mla_form: str = "auto", block_size: int = 0,
-                     reserve_bytes: float = 0.0) -> TaskGraph:
+                     reserve_bytes: float = 0.0, training: bool = False) -> TaskGraph:
     """Build the exact work of one step on one representative device per stage.
 
     Conventions (also stored in `TaskGraph.conventions`):
@@ -34,7 +34,9 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     * `mtp_layers`: MTP/next-n modules run once per step (at most what the config
       declares); `mla_form`: auto | naive | absorbed (see `families.mla`);
     * `block_size` > 0 rounds each request's KV cache up to whole pages;
-      `reserve_bytes`: framework reserve per device added to the memory facts.
+      `reserve_bytes`: framework reserve per device added to the memory facts;
+    * `training=True` lets families emit training-only ops (the dropouts GPT configs
+      declare); `perfcast.training` derives backward and optimizer work from the graph.
     """
     if logits not in LOGITS_MODES:
         raise ConfigError(f"unknown logits mode {logits!r}", field="logits",
@@ -51,7 +53,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
         precision = precision_for_model(model)
     family = family_for(model.model_type, model.source)
     builder = GraphBuilder(model, plan, batch, precision,
-                           options={"mtp_layers": mtp_layers, "mla_form": mla_form})
+                           options={"mtp_layers": mtp_layers, "mla_form": mla_form,
+                                    "training": training})
     builder.conventions.update({
         "attention": "causal; FLOPs = 2*heads*(qk_dim+v_dim) per attended (query,key) pair",
         "logits": logits,

@@ -168,6 +168,50 @@ def _text_config(cfg: dict) -> dict:
     return cfg
 
 
+# GPT-style configs spell the common fields their own way (HuggingFace's `attribute_map`)
+# and leave some to the config class's defaults; the canonical names are filled from them.
+# model_type -> (canonical -> config key) aliases, and defaults applied when both are absent.
+CONFIG_KEY_ALIASES: dict[str, dict[str, str]] = {
+    "gpt2": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+             "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+             "max_position_embeddings": "n_positions", "hidden_act": "activation_function"},
+    "gpt_bigcode": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+                    "num_attention_heads": "n_head", "intermediate_size": "n_inner",
+                    "max_position_embeddings": "n_positions",
+                    "hidden_act": "activation_function"},
+}
+# HF defaults of those config classes: GPT2Config / GPTBigCodeConfig tie the LM head to
+# the embedding and use an inner MLP of 4 x hidden (n_inner None); GPTNeoXConfig does not tie.
+CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": {"tie_word_embeddings": True, "attention_bias": True},
+    "gpt_bigcode": {"tie_word_embeddings": True, "attention_bias": True},
+    "gpt_neox": {"tie_word_embeddings": False, "attention_bias": True},
+}
+INNER_FACTOR_DEFAULT = {"gpt2": 4, "gpt_bigcode": 4}
+
+
+def _canonical_keys(cfg: dict) -> dict:
+    """Fill the canonical field names of GPT-style configs (see CONFIG_KEY_ALIASES)."""
+    model_type = cfg.get("model_type")
+    aliases = CONFIG_KEY_ALIASES.get(model_type, {})
+    defaults = CONFIG_DEFAULTS.get(model_type, {})
+    if not aliases and not defaults:
+        return cfg
+    out = dict(cfg)
+    for canonical, key in aliases.items():
+        if out.get(canonical) is None and out.get(key) is not None:
+            out[canonical] = out[key]
+    for key, value in defaults.items():
+        out.setdefault(key, value)
+    factor = INNER_FACTOR_DEFAULT.get(model_type)
+    if factor and out.get("intermediate_size") is None and isinstance(out.get("hidden_size"), int):
+        out["intermediate_size"] = factor * out["hidden_size"]
+    if model_type == "gpt_bigcode" and out.get("num_key_value_heads") is None:
+        out["num_key_value_heads"] = 1 if out.get("multi_query", True) else out.get(
+            "num_attention_heads")
+    return out
+
+
 def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>",
                            quant_config: dict | None = None) -> ModelSpec:
     """Validate a parsed config.json and build a ModelSpec. Errors name file and field."""
@@ -176,6 +220,7 @@ def model_spec_from_config(cfg: Any, *, name: str = "", source: str = "<config>"
     note = remote_code_note(cfg, source)
     cfg = _text_config(cfg)
     note = note or remote_code_note(cfg, source)
+    cfg = _canonical_keys(cfg)
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ConfigError("is missing", source=source, field="model_type", expected="a string")

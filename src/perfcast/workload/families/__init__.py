@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.workload.families import dense, dsa, hybrid, llama4, mimo, moe
+from perfcast.workload.families import dense, dsa, gpt, hybrid, llama4, mimo, moe
 
 FamilyBuilder = Callable[..., str]
 
@@ -22,6 +22,10 @@ FAMILIES: dict[str, FamilyBuilder] = {
     "qwen3": dense.build,
     "qwen3_vl_text": dense.build,  # language model of Qwen3-VL
     "mimo": dense.build,  # Qwen2-style MiMo-7B (its MTP layers are not built)
+    # GPT-style: LayerNorm, MHA/MQA, GeLU MLP, learned or rotary positions
+    "gpt2": gpt.build,
+    "gpt_neox": gpt.build,
+    "gpt_bigcode": gpt.build,
     # GQA attention + routed experts
     "mixtral": moe.build,
     "qwen2_moe": moe.build,

@@ -35,8 +35,8 @@ class AttentionShape:
 
 def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int,
                   *, window: int | None, traits: ArchTraits, chunk: int | None = None,
-                  shape: AttentionShape | None = None) -> str:
-    """QKV projection, optional q/k norm, RoPE, cache write, attention per batch segment,
+                  shape: AttentionShape | None = None, rope: bool = True) -> str:
+    """QKV projection, optional q/k norm, RoPE (unless `rope=False`: learned positions), cache write, attention per batch segment,
     output projection and the TP all-reduce. Returns the last lineage. `shape` overrides
     the model's head counts and dims for layers of one kind (MiMo-V2-Flash)."""
     m = b.model
@@ -70,17 +70,18 @@ def gqa_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                              inputs=(q,), outputs=(q,), flops=4 * q.numel, layers=layers,
                              deps=(qkv,), weight_params=w, weight_shards=1 if per_head else tp,
                              stage=stage, extra_bytes_read=w * dtype_bytes(act))
-    qk = TensorSpec((tokens, heads + kv_heads, d), act)
-    rope = b.elementwise("attn.rope", "tensor_cast.apply_rope.default", "rope", inputs=(qk,),
-                         outputs=(qk,), flops=3 * qk.numel, layers=layers, deps=(last,),
-                         stage=stage, extra_bytes_read=tokens * d * 4)
+    if rope:
+        qk = TensorSpec((tokens, heads + kv_heads, d), act)
+        last = b.elementwise("attn.rope", "tensor_cast.apply_rope.default", "rope",
+                             inputs=(qk,), outputs=(qk,), flops=3 * qk.numel, layers=layers,
+                             deps=(last,), stage=stage, extra_bytes_read=tokens * d * 4)
     kv_dt = b.precision.kv_cache
     kv_shape = (tokens, 2 * kv_heads, d) if dv == d else (tokens, kv_heads * (d + dv))
     cache = b.elementwise("attn.kv_cache_write", "tensor_cast.reshape_and_cache.default",
                           "kv_cache_write",
                           inputs=(TensorSpec(kv_shape, act),),
                           outputs=(TensorSpec(kv_shape, kv_dt),), flops=0,
-                          layers=layers, deps=(rope,), stage=stage)
+                          layers=layers, deps=(last,), stage=stage)
     attn_deps: tuple[str, ...] = (cache,)
     sinks = {}
     if sh.sinks:

@@ -30,16 +30,23 @@ def rms_norm(b: GraphBuilder, group: str, tokens: int, width: int, *, layers=Non
              residual: bool = True, stage: int = 0, count: int | None = None,
              weight_shards: int = 1, replicas: int = 1) -> str:
     """RMSNorm (with the residual add fused when `residual`): ~4 FLOPs per element for
-    the norm plus 1 for the add; reads input (+ residual) and weight, writes output (+ sum)."""
+    the norm plus 1 for the add; reads input (+ residual) and weight, writes output (+ sum).
+    Models whose `ArchTraits.norm` is `layer` get a LayerNorm instead: ~7 FLOPs per
+    element (mean, variance, normalise, scale, shift) plus 1 for the add, weight and bias."""
+    from perfcast.workload.families.traits import traits_for
+
     act = b.precision.activation
+    layer = traits_for(b.model).norm == "layer"
+    params = 2 * width if layer else width
     x = TensorSpec((tokens, width), act)
-    gamma = TensorSpec((width,), act)  # the norm weight is an input, as in the kernel call
+    gamma = TensorSpec((params,), act)  # the norm weight is an input, as in the kernel call
     inputs = (x, x, gamma) if residual else (x, gamma)
     outputs = (x, x) if residual else (x,)
-    operator = "tensor_cast.add_rms_norm.default" if residual else "tensor_cast.rms_norm.default"
-    flops = tokens * width * (5 if residual else 4)
+    kind = "layer_norm" if layer else "rms_norm"
+    operator = f"tensor_cast.add_{kind}.default" if residual else f"tensor_cast.{kind}.default"
+    flops = tokens * width * ((7 if layer else 4) + (1 if residual else 0))
     return b.elementwise(group, operator, "norm", inputs=inputs, outputs=outputs, flops=flops,
-                         layers=layers, deps=deps, weight_params=width,
+                         layers=layers, deps=deps, weight_params=params,
                          weight_shards=weight_shards, stage=stage, count=count,
                          replicas=replicas)
 

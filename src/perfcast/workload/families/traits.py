@@ -23,7 +23,8 @@ class ArchTraits:
     (gpt-oss). `shared_expert_gate`: a sigmoid gate on the shared expert (Qwen2-MoE).
     `mtp_field`: the config field that declares how many MTP/next-n modules exist.
     `output_gate`: full-attention layers gate their output with sigmoid(x W_g) before
-    `o_proj`, W_g fused into the query projection (Qwen3-Next, Qwen3.5)."""
+    `o_proj`, W_g fused into the query projection (Qwen3-Next, Qwen3.5).
+    `norm`: rms (RMSNorm) | layer (LayerNorm with bias, GPT-style models)."""
 
     qk_norm: str = "none"
     qkv_bias: bool = False
@@ -33,6 +34,7 @@ class ArchTraits:
     shared_expert_gate: bool = False
     mtp_field: str = ""
     output_gate: bool = False
+    norm: str = "rms"
 
 
 ARCH_TRAITS: dict[str, ArchTraits] = {
@@ -51,6 +53,10 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen3_vl_text": ArchTraits(qk_norm="per_head"),
     "qwen3_vl_moe_text": ArchTraits(qk_norm="per_head"),
     "mimo": ArchTraits(qkv_bias=True),
+    # GPT-style: LayerNorm, biases on every linear (families.gpt)
+    "gpt2": ArchTraits(qkv_bias=True, norm="layer"),
+    "gpt_neox": ArchTraits(qkv_bias=True, norm="layer"),
+    "gpt_bigcode": ArchTraits(qkv_bias=True, norm="layer"),
     "deepseek_v32": ArchTraits(mtp_field="num_nextn_predict_layers"),
     "glm_moe_dsa": ArchTraits(mtp_field="num_nextn_predict_layers"),
     # hybrid gated DeltaNet + gated full attention (multimodal wrappers: *_text)

@@ -1,0 +1,238 @@
+"""Per-chunk training graphs: forward, backward, DP gradient and ZeRO collectives.
+
+Collective groups follow Megatron-LM's rank order (tp innermost, then cp, dp, pp): a
+group of n ranks with stride s spans s (n - 1) + 1 consecutive devices, and its tier is
+the innermost one that holds that span (`System.tier_for_group`), written into the
+task's `tier` axis so cost and stream agree. Gradient buckets are one layer's gradients
+(per layer run, issued as soon as that layer's weight gradients exist) plus one bucket for
+the parameters outside the layers (embedding, final norm, LM head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from perfcast.core.frozen import FrozenDict
+from perfcast.hardware import System
+from perfcast.training.graph import (
+    ATTENTION_OPS,
+    GRAD_BYTES,
+    PARAM_BYTES,
+    backward_tasks,
+    chunk_forward_tasks,
+    saved_activation_bytes,
+)
+from perfcast.training.layout import TrainingLayout
+from perfcast.workload import MemoryFacts, TaskGraph
+from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
+
+
+@dataclass(frozen=True)
+class Tiers:
+    tp: str
+    cp: str
+    dp: str
+    pp: str
+
+
+def tiers_for(system: System, layout: TrainingLayout) -> Tiers:
+    def span(n: int, stride: int) -> str:
+        return system.tier_for_group(stride * (n - 1) + 1).name
+
+    tp, cp, dp = layout.tp, layout.cp, layout.dp
+    return Tiers(tp=span(tp, 1), cp=span(cp, tp), dp=span(dp, tp * cp),
+                 pp=span(2, tp * cp * dp) if layout.pp > 1 else span(1, 1))
+
+
+@dataclass(frozen=True)
+class ChunkGraphs:
+    """Work of one model chunk for one microbatch, on one device (stage 0 of each graph).
+
+    `backward_dp` = `backward` plus the chunk's DP gradient collectives (per layer run);
+    under ZeRO-2/3 every microbatch runs it, otherwise only the last. `params` /
+    `expert_params`: parameters one device holds (after TP/EP sharding, before ZeRO);
+    `saved_bytes`: activations kept between this chunk's forward and backward;
+    `layer_saved_bytes`: per layer run (lineage prefix), the bytes of one layer."""
+
+    chunk: int
+    device: int
+    forward: TaskGraph
+    backward: TaskGraph
+    backward_dp: TaskGraph
+    params: float
+    expert_params: float
+    saved_bytes: float
+    layer_saved_bytes: FrozenDict
+    max_layer_params: float  # the most parameters (dense + expert) of one bucket: a layer
+
+
+def _params(tasks: list[Task], last_chunk_holds_head: bool) -> tuple[float, float, dict]:
+    """(dense, expert) parameters on one device, and per layer run (dense, expert) per layer."""
+    dense = expert = 0.0
+    runs: dict[str, list[float]] = {}
+    for t in tasks:
+        local = float(t.attributes.get("weight_params", 0) or 0)
+        if t.group == "final.lm_head" and not local and last_chunk_holds_head:
+            local = float(t.inputs[1].numel)  # tied head: the last stage holds its own copy
+        if not local:
+            continue
+        reps = int(t.attributes.get("layer_count", t.count))
+        is_expert = t.operation == "moe"
+        if is_expert:
+            expert += local * reps
+        else:
+            dense += local * reps
+        key = t.lineage.split(".", 1)[0] if t.layers is not None else ""
+        slot = runs.setdefault(key, [0.0, 0.0])
+        slot[1 if is_expert else 0] += local if t.layers is not None else local * reps
+    return dense, expert, runs
+
+
+def _collective(lineage: str, group: str, operation: str, message: float, participants: int,
+                tier: str, *, deps=(), layers=None, count: int = 1, devices: int = 1,
+                dtype: str = "bf16", attributes: dict | None = None) -> Task:
+    n = max(1, int(message / 2))
+    return Task(lineage=lineage, group=group, operator=f"tensor_cast.{operation}.default",
+                operation=operation, kind=TaskKind.COMMUNICATION,
+                inputs=(TensorSpec((n,), dtype),), outputs=(TensorSpec((n,), dtype),),
+                work=Work(engine=Engine.NETWORK, compute_dtype=dtype, message_bytes=message,
+                          participants=participants,
+                          axes=FrozenDict({"message_bytes": int(message),
+                                           "participants": participants, "tier": tier})),
+                deps=tuple(deps), count=count, devices=devices, stage=0, layers=layers,
+                attributes=FrozenDict(attributes or {}))
+
+
+def _with_tier(tasks: list[Task], tiers: Tiers, layout: TrainingLayout) -> list[Task]:
+    """Name the tier of every collective of the forward/backward work (TP, CP, EP)."""
+    out = []
+    for t in tasks:
+        if t.kind is TaskKind.COMMUNICATION and "tier" not in t.work.axes:
+            p = t.work.participants
+            tier = tiers.tp if p == layout.tp else (tiers.cp if t.group.startswith(
+                ("attn.cp_", "bwd.attn.cp_")) else "")
+            if tier:
+                axes = t.work.axes.replace(tier=tier)
+                t = replace(t, work=replace(t.work, axes=axes))
+        out.append(t)
+    return out
+
+
+def _cp_exchange(tasks: list[Task], layout: TrainingLayout, tiers: Tiers) -> list[Task]:
+    """Context parallelism: each attention core first gathers the K and V of the whole
+    sequence from the cp ranks (ring attention's transfers as one all-gather, not
+    overlapped with the core); its backward mirrors it (reduce-scatter of dK, dV)."""
+    if layout.cp == 1:
+        return tasks
+    out = []
+    for t in tasks:
+        if t.operation in ATTENTION_OPS:
+            k, v = t.inputs[1], t.inputs[2]
+            message = k.nbytes + v.nbytes
+            prefix = t.lineage[: len(t.lineage) - len(t.group)]
+            group = "attn.cp_kv_all_gather" + t.group[len("attn.core"):]
+            g = _collective(prefix + group, group, "all_gather", message, layout.cp, tiers.cp,
+                            deps=t.deps, layers=t.layers, count=t.count, devices=t.devices,
+                            dtype=k.dtype)
+            out.append(g)
+            t = replace(t, deps=(g.lineage,))
+        out.append(t)
+    return out
+
+
+def _zero3_gathers(tasks: list[Task], runs: dict, layout: TrainingLayout, tiers: Tiers,
+                   *, backward: bool) -> list[Task]:
+    """ZeRO-3: before each layer (and before the chunk's other weighted ops) the layer's
+    parameters are all-gathered over the dp x cp ranks; its GEMMs wait for them."""
+    if layout.zero_stage < 3 or layout.data_ranks == 1:
+        return tasks
+    gathers: dict[str, Task] = {}
+    for t in tasks:
+        key = t.lineage.split(".", 1)[0] if t.layers is not None else ""
+        if key in gathers or key not in runs:
+            continue
+        dense, expert = runs[key]
+        prefix = key + "." if key else ""
+        group = ("bwd." if backward else "") + "zero3.param_all_gather"
+        message = (dense + expert * layout.data_ranks / layout.expert_data_ranks) \
+            * PARAM_BYTES
+        gathers[key] = _collective(prefix + group, group, "all_gather", message,
+                                   layout.data_ranks, tiers.dp, layers=t.layers,
+                                   count=t.count if t.layers is not None else 1,
+                                   devices=t.devices)
+    out = list(gathers.values())
+    for t in tasks:
+        key = t.lineage.split(".", 1)[0] if t.layers is not None else ""
+        if key in gathers and t.operation in ("gemm", "moe", "moe_backward"):
+            t = replace(t, deps=(*t.deps, gathers[key].lineage))
+        out.append(t)
+    return out
+
+
+def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
+                       tiers: Tiers) -> list[Task]:
+    """One gradient collective per layer run (each layer's bucket, after its weight
+    gradients) and one for the parameters outside the layers: all-reduce (ZeRO-0) or
+    reduce-scatter (ZeRO-1/2/3) over dp x cp; expert gradients over dp x cp x tp / ep."""
+    op = "all_reduce" if layout.zero_stage == 0 else "reduce_scatter"
+    out = []
+    wgrads: dict[str, list[Task]] = {}
+    for t in backward:
+        if t.group.endswith(".wgrad") or t.operation in ("moe_backward", "norm_backward",
+                                                         "embedding_backward"):
+            key = t.lineage.split(".", 1)[0] if t.layers is not None else ""
+            wgrads.setdefault(key, []).append(t)
+    for key, (dense, expert) in runs.items():
+        producers = wgrads.get(key, [])
+        if not producers:
+            continue
+        first = producers[0]
+        prefix = key + "." if key else ""
+        count = first.count if first.layers is not None else 1
+        common = dict(layers=first.layers, count=count, devices=first.devices,
+                      deps=tuple(p.lineage for p in producers))
+        if dense and layout.data_ranks > 1:
+            out.append(_collective(prefix + f"dp.grad_{op}", f"dp.grad_{op}", op,
+                                   dense * GRAD_BYTES, layout.data_ranks, tiers.dp, **common))
+        if expert and layout.expert_data_ranks > 1:
+            out.append(_collective(prefix + f"dp.expert_grad_{op}", f"dp.expert_grad_{op}",
+                                   op, expert * GRAD_BYTES, layout.expert_data_ranks,
+                                   tiers.dp, **common))
+    return out
+
+
+def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tiers, *,
+                attention_kernel: str, attention_dropout: bool) -> ChunkGraphs:
+    """The ChunkGraphs of chunk `chunk` of the forward graph `graph` (all chunks)."""
+    chunks = layout.chunks
+    last = chunk == chunks - 1
+    forward = chunk_forward_tasks(graph, chunk, last)
+    forward = _cp_exchange(forward, layout, tiers)
+    dense, expert, runs = _params(forward, last and chunks > 1)
+    saved, per_layer = saved_activation_bytes(
+        forward, tp=layout.tp, recompute=layout.recompute, attention_kernel=attention_kernel,
+        attention_dropout=attention_dropout)
+    backward = backward_tasks(forward, graph.model.num_layers, tp=layout.tp,
+                              sp=layout.sequence_parallel and layout.tp > 1,
+                              recompute=layout.recompute)
+    forward = _with_tier(forward, tiers, layout)
+    backward = _with_tier(backward, tiers, layout)
+    forward = _zero3_gathers(forward, runs, layout, tiers, backward=False)
+    backward = _zero3_gathers(backward, runs, layout, tiers, backward=True)
+    dp = _dp_gradient_tasks(backward, runs, layout, tiers)
+    empty = MemoryFacts(weights=0.0, kv_cache=0.0, activations=0.0)
+
+    def as_graph(tasks: list[Task], what: str) -> TaskGraph:
+        conventions = dict(graph.conventions)
+        conventions["training_pass"] = what
+        return TaskGraph(model=graph.model, plan=graph.plan, batch=graph.batch,
+                         precision=graph.precision, tasks=tuple(tasks), memory=empty,
+                         conventions=FrozenDict(conventions))
+
+    return ChunkGraphs(chunk=chunk, device=chunk % layout.pp,
+                       forward=as_graph(forward, "forward"),
+                       backward=as_graph(backward, "backward"),
+                       backward_dp=as_graph(backward + dp, "backward+dp"),
+                       params=dense, expert_params=expert, saved_bytes=saved,
+                       layer_saved_bytes=FrozenDict(per_layer),
+                       max_layer_params=max((d + e for d, e in runs.values()), default=0.0))

@@ -1,0 +1,378 @@
+"""`estimate_training`: one training step through the workload, evidence and plan layers.
+
+    request -> forward graph (inference builder) -> per chunk: forward / backward /
+    backward+DP graphs -> CostResolver (the same providers as `estimate_step`) ->
+    each chunk pass scheduled on one device (`schedule_plan`: TP comm exposed or
+    overlapped by the dependency graph) -> the pipeline (`plan.training`: 1F1B or
+    interleaved, p2p, DP tails, optimizer) -> step time, breakdown, memory, MFU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfcast.core.dtypes import DType
+from perfcast.core.errors import ConfigError
+from perfcast.evidence.contracts import CostQueryContext
+from perfcast.evidence.costing import CostedGraph, cost_graph
+from perfcast.evidence.resolver import CostResolver
+from perfcast.hardware import System, load_system
+from perfcast.plan import PlanOptions, schedule_plan
+from perfcast.plan.training import PassCosts, TrainingSchedule, schedule_training
+from perfcast.training.chunks import ChunkGraphs, Tiers, _collective, build_chunk, tiers_for
+from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, forward_graph
+from perfcast.training.layout import TrainingLayout, check_layout
+from perfcast.training.memory import DeviceMemory, most_loaded, rank_memory
+from perfcast.workload import Batch, MemoryFacts, ModelSpec, ParallelPlan, Precision, TaskGraph
+from perfcast.workload import load_model_spec
+from perfcast.workload.families.traits import NUM_EXPERTS_KEYS
+from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
+from perfcast.core.frozen import FrozenDict
+
+TRAINING_DTYPES = ("bf16", "fp16", "fp8")
+ATTENTION_KERNELS = ("flash", "unfused")
+BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "pp_bubble",
+                  "dp_comm_exposed", "tp_comm_exposed")
+FLOP_CONVENTION = (
+    "model FLOPs = forward + backward FLOPs of the exact task graph of every microbatch "
+    "(2 FLOPs per multiply-add; causal attention; backward = 2 x forward: dgrad and wgrad "
+    "GEMMs, attention gradients), without any recomputation, work replicated over TP "
+    "ranks counted once; MFU = model FLOPs / (devices x matrix peak of the dtype x step "
+    "time). HFU counts what the devices run: plus selective/full recompute, "
+    "FlashAttention's in-kernel recompute of QK^T (0.5 x forward attention) and "
+    "replicated work")
+DP_GROUPS = ("dp.", "zero3.", "bwd.zero3.")
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    model: str | ModelSpec
+    device: str | System = "h100_sxm"
+    layout: TrainingLayout = field(default_factory=TrainingLayout)
+    global_batch_size: int = 512
+    micro_batch_size: int = 1
+    seq_length: int = 2048
+    dtype: str = "bf16"
+    context: CostQueryContext = field(default_factory=CostQueryContext)
+    # DP gradient reduction bucketed per layer and overlapped with the backward pass
+    # (Megatron --overlap-grad-reduce); False: one reduction after the last backward
+    overlap_grad_reduce: bool = True
+    attention_kernel: str = "flash"   # flash | unfused (materialised softmax: memory only)
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """One chunk pass scheduled alone on its device."""
+
+    makespan_s: float
+    tp_exposed_s: float
+    dp_exposed_s: float
+    recompute_s: float
+
+
+@dataclass(frozen=True)
+class ChunkCosts:
+    forward: CostedGraph
+    backward: CostedGraph
+    backward_dp: CostedGraph
+    forward_time: PassTime
+    backward_time: PassTime
+    backward_dp_time: PassTime
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    request: TrainingRequest
+    system: System
+    model: ModelSpec
+    microbatches: int
+    chunks: tuple[ChunkGraphs, ...]
+    costs: tuple[ChunkCosts, ...]        # per chunk (identical chunks share one object)
+    schedule: TrainingSchedule
+    memory: DeviceMemory                 # the most loaded rank
+    rank_memory: tuple[DeviceMemory, ...]
+    breakdown_s: dict
+    model_flops: float
+    hardware_flops: float
+    peak_flops_per_device: float
+    optimizer_costed: tuple[CostedGraph, ...] = ()
+
+    @property
+    def step_time_s(self) -> float:
+        return self.schedule.makespan_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        r = self.request
+        return r.global_batch_size * r.seq_length / self.step_time_s
+
+    @property
+    def num_devices(self) -> int:
+        return self.request.layout.num_devices
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.num_devices * self.peak_flops_per_device
+                                   * self.step_time_s)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops / (self.num_devices * self.peak_flops_per_device
+                                      * self.step_time_s)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def memory_bytes(self) -> dict:
+        return self.memory.as_dict()
+
+    def to_json(self, *, include_ops: bool = True) -> dict:
+        from perfcast.training.report import training_json
+
+        return training_json(self, include_ops=include_ops)
+
+
+def training_precision(dtype: str) -> Precision:
+    """bf16 / fp16: every tensor in that dtype; fp8: GEMM inputs fp8 (weights cast per
+    GEMM, as Transformer Engine does), everything else bf16."""
+    if dtype not in TRAINING_DTYPES:
+        raise ConfigError(f"has value {dtype!r}", field="--dtype",
+                          expected=" | ".join(TRAINING_DTYPES))
+    if dtype == "fp8":
+        return Precision(weight="fp8", activation="bf16", kv_cache="bf16", attention="bf16",
+                         linear_activation="fp8")
+    return Precision.uniform(dtype)
+
+
+def is_moe(model: ModelSpec) -> bool:
+    return any(model.raw.get(k) for k in NUM_EXPERTS_KEYS)
+
+
+def training_plan(layout: TrainingLayout, moe: bool) -> ParallelPlan:
+    """The inference ParallelPlan whose forward graph is one microbatch of training:
+    pp x virtual chunks as stages; with EP, the graph spans one expert-parallel group
+    (ep / tp DP ranks), experts not tensor-split, all-to-all dispatch."""
+    if moe and layout.ep > 1:
+        return ParallelPlan(tp=layout.tp, pp=layout.chunks, dp=layout.expert_dp_groups,
+                            ep=layout.ep, moe_tp=1, sp=layout.sequence_parallel,
+                            moe_dispatch="all_to_all")
+    return ParallelPlan(tp=layout.tp, pp=layout.chunks, sp=layout.sequence_parallel)
+
+
+def microbatch_batch(layout: TrainingLayout, micro_batch_size: int, seq_length: int,
+                     graph_dp: int) -> Batch:
+    """One microbatch of every DP rank the graph spans. Under context parallelism a rank
+    holds seq / cp tokens of each sequence and, with Megatron's load-balanced split,
+    exactly 1/cp of the causal (query, key) pairs: a prefill of q = s / cp tokens over
+    (s - q) / 2 earlier ones has q (s + 1) / 2 pairs = s (s + 1) / (2 cp)."""
+    q = seq_length // layout.cp
+    return Batch.prefill(micro_batch_size * graph_dp, q, (seq_length - q) // 2)
+
+
+def _signature(c: ChunkGraphs) -> tuple:
+    def sig(g: TaskGraph) -> tuple:
+        return tuple((t.group, t.operation, t.count, t.work.flops, t.work.bytes_read,
+                      t.work.bytes_written, t.work.message_bytes, t.work.participants,
+                      t.work.axes.get("tier", ""), len(t.deps)) for t in g.tasks)
+    return (sig(c.forward), sig(c.backward_dp))
+
+
+def _pass_time(costed: CostedGraph, system: System) -> PassTime:
+    tl = schedule_plan([costed], system, PlanOptions())
+    path = [tl.tasks[i] for i in tl.critical_path]
+    comm = [(st.end_s - st.start_s, st.costed.task.group) for st in path if st.is_comm]
+    total = sum(d for d, _ in comm)
+    dp = sum(d for d, g in comm if g.startswith(DP_GROUPS))
+    dp_share = dp / total if total > 0 else 0.0
+    recompute = sum(ct.total_latency_s for ct in costed.tasks
+                    if "recompute_of" in ct.task.attributes
+                    and ct.task.kind is TaskKind.COMPUTE)
+    return PassTime(makespan_s=tl.makespan_s, tp_exposed_s=tl.exposed_comm_s * (1 - dp_share),
+                    dp_exposed_s=tl.exposed_comm_s * dp_share, recompute_s=recompute)
+
+
+def _single(task: Task, graph: TaskGraph, system: System, resolver: CostResolver,
+            context: CostQueryContext) -> CostedGraph:
+    g = TaskGraph(model=graph.model, plan=graph.plan, batch=graph.batch,
+                  precision=graph.precision, tasks=(task,),
+                  memory=MemoryFacts(weights=0.0, kv_cache=0.0, activations=0.0),
+                  conventions=graph.conventions)
+    return cost_graph(g, system.name, resolver, context)
+
+
+def _adam_task(local_params: float, devices: int) -> Task:
+    """Adam over the parameters this device updates: reads the 16-bit gradient and the
+    fp32 master weight and two moments, writes those three and the 16-bit weight."""
+    n = max(1, int(local_params))
+    return Task(lineage="optimizer.adam", group="optimizer.adam",
+                operator="tensor_cast.adam_step.default", operation="optimizer_step",
+                kind=TaskKind.COMPUTE, inputs=(TensorSpec((n,), "fp32"),),
+                outputs=(TensorSpec((n,), "fp32"),),
+                work=Work(flops=ADAM_FLOPS_PER_PARAM * local_params, engine=Engine.VECTOR,
+                          compute_dtype="fp32", bytes_read=14.0 * local_params,
+                          bytes_written=14.0 * local_params,
+                          axes=FrozenDict({"numel": n, "tokens": n})),
+                devices=devices)
+
+
+def _flops(chunks: list[ChunkGraphs], per_chunk_scale: float) -> tuple[float, float]:
+    """(model, hardware) FLOPs of the step from the chunk graphs of one microbatch."""
+    model = hardware = 0.0
+    for c in chunks:
+        for g in (c.forward, c.backward):
+            for t in g.tasks:
+                calls = t.count * t.devices
+                hardware += t.work.flops * calls
+                if "recompute_of" in t.attributes:
+                    continue
+                unique = calls / int(t.attributes.get("replicas", 1))
+                model += float(t.attributes.get("model_flops", t.work.flops)) * unique
+    return model * per_chunk_scale, hardware * per_chunk_scale
+
+
+def estimate_training(request: TrainingRequest, resolver: CostResolver | None = None
+                      ) -> TrainingResult:
+    """Step time, breakdown, memory and MFU of one training step (module docstring)."""
+    from perfcast.estimate import make_resolver
+
+    lay = request.layout
+    if request.attention_kernel not in ATTENTION_KERNELS:
+        raise ConfigError(f"has value {request.attention_kernel!r}", field="attention_kernel",
+                          expected=" | ".join(ATTENTION_KERNELS))
+    precision = training_precision(request.dtype)
+    system = request.device if isinstance(request.device, System) else load_system(request.device)
+    model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
+    moe = is_moe(model)
+    m = check_layout(lay, model, global_batch_size=request.global_batch_size,
+                     micro_batch_size=request.micro_batch_size,
+                     seq_length=request.seq_length, moe=moe)
+    plan = training_plan(lay, moe)
+    batch = microbatch_batch(lay, request.micro_batch_size, request.seq_length, plan.dp)
+    graph = forward_graph(model, plan, batch, precision)
+    tiers = tiers_for(system, lay)
+    from perfcast.workload.families.gpt import ATTN_DROPOUT_KEYS, dropout_p
+
+    attn_dropout = dropout_p(model, ATTN_DROPOUT_KEYS) > 0
+    chunks = [build_chunk(graph, c, lay, tiers, attention_kernel=request.attention_kernel,
+                          attention_dropout=attn_dropout) for c in range(lay.chunks)]
+    resolver = resolver or make_resolver(system)
+    ctx = request.context
+    by_sig: dict[tuple, ChunkCosts] = {}
+    costs: list[ChunkCosts] = []
+    for c in chunks:
+        key = _signature(c)
+        if key not in by_sig:
+            fwd = cost_graph(c.forward, system.name, resolver, ctx)
+            bwd = cost_graph(c.backward, system.name, resolver, ctx)
+            bdp = cost_graph(c.backward_dp, system.name, resolver, ctx)
+            by_sig[key] = ChunkCosts(fwd, bwd, bdp, _pass_time(fwd, system),
+                                     _pass_time(bwd, system), _pass_time(bdp, system))
+        costs.append(by_sig[key])
+    p2p_bytes, p2p_s = _p2p(graph, lay, tiers, system, resolver, ctx, chunks[0])
+    every = lay.zero_stage >= 2
+    tails = [max(cc.backward_dp_time.makespan_s - cc.backward_time.makespan_s, 0.0)
+             for cc in costs]
+    dp_after = [0.0] * lay.pp
+    if not request.overlap_grad_reduce:
+        for c, cc in zip(chunks, costs):
+            dp_after[c.device] += sum(ct.total_latency_s for ct in cc.backward_dp.tasks
+                                      if ct.task.group.startswith("dp."))
+        tails = [0.0] * lay.chunks if not every else tails
+    optimizer_s, gather_s, opt_costed = _optimizer(chunks, lay, graph, tiers, system,
+                                                   resolver, ctx)
+    sched = schedule_training(lay.pp, m, lay.virtual_pipeline, PassCosts(
+        forward_s=[cc.forward_time.makespan_s for cc in costs],
+        backward_s=[cc.backward_time.makespan_s for cc in costs], p2p_s=p2p_s,
+        dp_tail_s=tails if request.overlap_grad_reduce or every else (),
+        dp_every_microbatch=every, dp_after_s=dp_after, optimizer_s=optimizer_s,
+        param_gather_s=gather_s))
+    ranks = rank_memory(chunks, lay, m, system.device.memory.capacity_bytes, p2p_bytes)
+    breakdown = _breakdown(sched, costs, lay, m, optimizer_s)
+    scale = request.global_batch_size / (request.micro_batch_size * plan.dp) * lay.cp
+    model_flops, hw_flops = _flops(chunks, scale)
+    peak = _peak(system, precision)
+    return TrainingResult(request=request, system=system, model=model, microbatches=m,
+                          chunks=tuple(chunks), costs=tuple(costs), schedule=sched,
+                          memory=most_loaded(ranks), rank_memory=tuple(ranks),
+                          breakdown_s=breakdown, model_flops=model_flops,
+                          hardware_flops=hw_flops, peak_flops_per_device=peak,
+                          optimizer_costed=tuple(opt_costed))
+
+
+def _peak(system: System, precision: Precision) -> float:
+    eng = system.device.engine("matrix")
+    key = "fp8" if DType(precision.linear_activation or precision.activation) is DType.FP8 \
+        else DType(precision.activation).value
+    rate = eng.peak_ops_per_s.get(key)
+    if rate is None:
+        raise ConfigError(f"device {system.device.name} has no {key} matrix rate",
+                          field="--dtype", expected="a dtype the device's matrix engine runs")
+    return float(rate)
+
+
+def _p2p(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
+         resolver: CostResolver, ctx, first: ChunkGraphs) -> tuple[float, float]:
+    """(bytes, seconds) of one activation transfer between consecutive chunks."""
+    if lay.chunks == 1:
+        return 0.0, 0.0
+    tokens = graph.batch.tokens // max(graph.plan.dp, 1)
+    if lay.sequence_parallel and lay.tp > 1:
+        tokens = -(-tokens // lay.tp)
+    message = tokens * graph.model.hidden_size * 2.0 * max(graph.plan.dp, 1)
+    task = _collective("pp.send_recv", "pp.send_recv", "send_recv", message, 2, tiers.pp,
+                       devices=first.forward.tasks[0].devices)
+    costed = _single(task, first.forward, system, resolver, ctx)
+    return message, costed.tasks[0].latency_s
+
+
+def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, system: System,
+               resolver: CostResolver, ctx) -> tuple[list[float], list[float], list]:
+    opt, gather, costed_all = [], [], []
+    z = lay.zero_stage
+    for d in range(lay.pp):
+        mine = [c for c in chunks if c.device == d]
+        dense = sum(c.params for c in mine)
+        expert = sum(c.expert_params for c in mine)
+        local = (dense / lay.data_ranks + expert / lay.expert_data_ranks) if z >= 1 \
+            else dense + expert
+        devices = mine[0].forward.tasks[0].devices
+        costed = _single(_adam_task(local, devices), mine[0].forward, system, resolver, ctx)
+        costed_all.append(costed)
+        opt.append(costed.tasks[0].total_latency_s)
+        g = 0.0
+        if z in (1, 2) and lay.data_ranks > 1:
+            task = _collective("dp.param_all_gather", "dp.param_all_gather", "all_gather",
+                               (dense + expert * lay.data_ranks / lay.expert_data_ranks) * 2.0,
+                               lay.data_ranks, tiers.dp, devices=devices)
+            c = _single(task, mine[0].forward, system, resolver, ctx)
+            costed_all.append(c)
+            g = c.tasks[0].total_latency_s
+        gather.append(g)
+    return opt, gather, costed_all
+
+
+def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLayout,
+               m: int, optimizer_s: list[float]) -> dict:
+    """Time of the rank that finishes last, split so the parts add up to the step time."""
+    from perfcast.plan.training import training_order
+
+    d = max(range(lay.pp), key=sched.rank_end_s)
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    for op in training_order(lay.pp, m, lay.virtual_pipeline)[d]:
+        cc = costs[op.chunk]
+        pt = cc.forward_time if op.kind == "F" else cc.backward_time
+        out["tp_comm_exposed"] += pt.tp_exposed_s
+        out["dp_comm_exposed"] += pt.dp_exposed_s
+        compute = pt.makespan_s - pt.tp_exposed_s - pt.dp_exposed_s
+        if op.kind == "F":
+            out["forward"] += compute
+        else:
+            out["recompute"] += pt.recompute_s
+            out["backward"] += compute - pt.recompute_s
+    out["pp_bubble"] = sched.bubble_s(d)
+    out["optimizer"] = optimizer_s[d]
+    out["dp_comm_exposed"] += max(sched.makespan_s - sched.last_pass_end_s[d]
+                                  - optimizer_s[d], 0.0)
+    return out
