@@ -7,6 +7,7 @@ import typer
 from perfcast.cli import catalog, collect, estimate, profiling, search, serve, validate
 from perfcast.cli import calibrate, observe, workbench
 from perfcast.cli import evidence as evidence_cli
+from perfcast.cli import train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
@@ -21,6 +22,7 @@ app.add_typer(calibrate.app, name="calibrate")
 app.command("serve")(serve.serve_command)
 app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")
+app.command("train")(train.train_command)
 app.command("workbench")(workbench.workbench_command)
 
 

@@ -2,8 +2,10 @@
 
 Collective groups follow Megatron-LM's rank order (tp innermost, then cp, dp, pp): a
 group of n ranks with stride s spans s (n - 1) + 1 consecutive devices, and its tier is
-the innermost one that holds that span (`System.tier_for_group`), written into the
-task's `tier` axis so cost and stream agree. Gradient buckets are one layer's gradients
+the innermost one that holds that span (`System.tier_for_group`). The DP, ZeRO, CP and
+pipeline collectives training adds name it in their `tier` axis so cost and stream agree;
+TP groups (and EP groups without CP) are contiguous, so the collective model's default
+tier for their size is already theirs and the inference graph's tasks stay as they are. Gradient buckets are one layer's gradients
 (per layer run, issued as soon as that layer's weight gradients exist) plus one bucket for
 the parameters outside the layers (embedding, final norm, LM head).
 """
@@ -103,21 +105,6 @@ def _collective(lineage: str, group: str, operation: str, message: float, partic
                 attributes=FrozenDict(attributes or {}))
 
 
-def _with_tier(tasks: list[Task], tiers: Tiers, layout: TrainingLayout) -> list[Task]:
-    """Name the tier of every collective of the forward/backward work (TP, CP, EP)."""
-    out = []
-    for t in tasks:
-        if t.kind is TaskKind.COMMUNICATION and "tier" not in t.work.axes:
-            p = t.work.participants
-            tier = tiers.tp if p == layout.tp else (tiers.cp if t.group.startswith(
-                ("attn.cp_", "bwd.attn.cp_")) else "")
-            if tier:
-                axes = t.work.axes.replace(tier=tier)
-                t = replace(t, work=replace(t.work, axes=axes))
-        out.append(t)
-    return out
-
-
 def _cp_exchange(tasks: list[Task], layout: TrainingLayout, tiers: Tiers) -> list[Task]:
     """Context parallelism: each attention core first gathers the K and V of the whole
     sequence from the cp ranks (ring attention's transfers as one all-gather, not
@@ -215,8 +202,6 @@ def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tie
     backward = backward_tasks(forward, graph.model.num_layers, tp=layout.tp,
                               sp=layout.sequence_parallel and layout.tp > 1,
                               recompute=layout.recompute)
-    forward = _with_tier(forward, tiers, layout)
-    backward = _with_tier(backward, tiers, layout)
     forward = _zero3_gathers(forward, runs, layout, tiers, backward=False)
     backward = _zero3_gathers(backward, runs, layout, tiers, backward=True)
     dp = _dp_gradient_tasks(backward, runs, layout, tiers)

@@ -232,9 +232,11 @@ def _flops(chunks: list[ChunkGraphs], per_chunk_scale: float) -> tuple[float, fl
     return model * per_chunk_scale, hardware * per_chunk_scale
 
 
-def estimate_training(request: TrainingRequest, resolver: CostResolver | None = None
-                      ) -> TrainingResult:
-    """Step time, breakdown, memory and MFU of one training step (module docstring)."""
+def estimate_training(request: TrainingRequest, resolver: CostResolver | None = None, *,
+                      full_schedule: bool = False) -> TrainingResult:
+    """Step time, breakdown, memory and MFU of one training step (module docstring).
+    `full_schedule` schedules every microbatch (else long steps are extrapolated from
+    3p and 4p microbatches, `plan.training.COMPRESS_FACTOR`)."""
     from perfcast.estimate import make_resolver
 
     lay = request.layout
@@ -287,7 +289,7 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
         backward_s=[cc.backward_time.makespan_s for cc in costs], p2p_s=p2p_s,
         dp_tail_s=tails if request.overlap_grad_reduce or every else (),
         dp_every_microbatch=every, dp_after_s=dp_after, optimizer_s=optimizer_s,
-        param_gather_s=gather_s))
+        param_gather_s=gather_s), full=full_schedule)
     ranks = rank_memory(chunks, lay, m, system.device.memory.capacity_bytes, p2p_bytes)
     breakdown = _breakdown(sched, costs, lay, m, optimizer_s)
     scale = request.global_batch_size / (request.micro_batch_size * plan.dp) * lay.cp

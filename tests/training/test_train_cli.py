@@ -1,0 +1,63 @@
+"""`perfcast train`: JSON fields, Chrome trace, errors naming the flag (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from perfcast.cli.main import app
+
+BASE = ["train", "megatron/gpt-1.7b", "--device", "h100_sxm", "--global-batch-size", "16",
+        "--micro-batch-size", "2", "--seq-length", "1024"]
+
+
+def run(*args):
+    return CliRunner().invoke(app, [*BASE, *args])
+
+
+def test_json_has_the_documented_fields():
+    r = run("--num-devices", "8", "--tp-size", "2", "--pp-size", "2", "--dp-size", "2",
+            "--virtual-pipeline-size", "2", "--sequence-parallel", "--recompute", "selective",
+            "--zero-stage", "1", "--format", "json", "--calibration", "none")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for key in ("step_time_s", "tokens_per_s", "mfu", "hfu", "flop_convention", "ops"):
+        assert key in doc
+    assert set(doc["memory_bytes"]) == {"weights", "gradients", "optimizer", "activations",
+                                        "buffers", "total", "capacity"}
+    assert set(doc["breakdown_s"]) == {"forward", "backward", "recompute", "optimizer",
+                                       "pp_bubble", "dp_comm_exposed", "tp_comm_exposed"}
+    assert sum(doc["breakdown_s"].values()) == doc["step_time_s"] or abs(
+        sum(doc["breakdown_s"].values()) - doc["step_time_s"]) < 1e-9 * doc["step_time_s"]
+    op = doc["ops"][0]
+    for key in ("lineage", "operator", "latency_s", "method", "provider", "flops", "pass"):
+        assert key in op
+    assert {o["pass"] for o in doc["ops"]} == {"forward", "backward", "backward+dp",
+                                               "optimizer"}
+    assert 0 < doc["mfu"] <= doc["hfu"] < 1
+
+
+def test_chrome_trace_is_written(tmp_path):
+    path = tmp_path / "train.json"
+    r = run("--num-devices", "4", "--pp-size", "2", "--dp-size", "2", "--chrome-trace",
+            str(path))
+    assert r.exit_code == 0, r.output
+    events = json.loads(path.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    # 16 / (2 x 2) = 4 microbatches: 4 forward + 4 backward passes on each of 2 ranks
+    assert sum(1 for e in slices if e["cat"] in ("F", "B")) == 16
+    assert {e["pid"] for e in slices} == {0, 1}
+
+
+def test_errors_name_the_flag_and_exit_2():
+    cases = [(["--num-devices", "6", "--tp-size", "2", "--dp-size", "2"], "--num-devices"),
+             (["--num-devices", "5", "--pp-size", "5"], "--pp-size"),
+             (["--num-devices", "3", "--dp-size", "3"], "--global-batch-size"),
+             (["--num-devices", "5", "--tp-size", "5"], "--tp-size"),
+             (["--num-devices", "1", "--recompute", "some"], "--recompute"),
+             (["--num-devices", "1", "--dtype", "int8"], "--dtype")]
+    for args, flag in cases:
+        r = run(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert flag in r.output and "Traceback" not in r.output, (args, r.output)

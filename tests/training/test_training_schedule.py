@@ -1,0 +1,108 @@
+"""The training pipeline on the plan layer's scheduler: bubble fractions of 1F1B and the
+interleaved schedule, compressed scheduling, DP overlap, and forward = inference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.hardware import load_system
+from perfcast.plan.training import PassCosts, schedule_training, training_order
+from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
+from perfcast.workload import Batch, ParallelPlan
+
+from .tiny_models import GPT, LLAMA
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (4, 8, 2), (4, 16, 2), (8, 16, 4), (2, 4, 3),
+                                   (16, 32, 2)])
+def test_bubble_fraction_of_uniform_chunks_with_free_communication(p, m, v):
+    # each rank's model part takes tf = 1, tb = 2 per microbatch, split over v chunks
+    tf, tb = 1.0 / v, 2.0 / v
+    sched = schedule_training(p, m, v, PassCosts([tf] * (p * v), [tb] * (p * v)), full=True)
+    ideal = m * 3.0
+    assert (sched.makespan_s - ideal) / ideal == pytest.approx((p - 1) / (m * v), rel=1e-9)
+    assert sched.bubble_s(0) == pytest.approx(sched.makespan_s - ideal, rel=1e-9)
+
+
+def test_1f1b_keeps_at_most_p_minus_rank_microbatches_live():
+    p, m = 4, 8
+    for d, ops in enumerate(training_order(p, m, 1)):
+        live = peak = 0
+        for op in ops:
+            live += 1 if op.kind == "F" else -1
+            peak = max(peak, live)
+        assert peak == p - d
+
+
+def test_interleaved_order_visits_every_chunk_pass_once():
+    p, m, v = 4, 8, 2
+    orders = training_order(p, m, v)
+    for d, ops in enumerate(orders):
+        assert sorted((o.kind, o.microbatch, o.chunk) for o in ops) == sorted(
+            (k, mb, c * p + d) for k in "FB" for mb in range(m) for c in range(v))
+
+
+def test_compressed_schedule_equals_the_full_one():
+    rng = random.Random(7)
+    for p, m, v in ((4, 64, 1), (4, 64, 2), (8, 96, 3), (16, 96, 2)):
+        f = [rng.uniform(0.5, 1.5) / v for _ in range(p * v)]
+        b = [2 * x * rng.uniform(0.9, 1.1) for x in f]
+        costs = PassCosts(f, b, p2p_s=0.05, dp_tail_s=[0.3] * (p * v),
+                          optimizer_s=[0.1] * p, param_gather_s=[0.2] * p)
+        full = schedule_training(p, m, v, costs, full=True)
+        short = schedule_training(p, m, v, costs)
+        assert short.scheduled_microbatches == 4 * p
+        assert short.makespan_s == pytest.approx(full.makespan_s, rel=1e-9)
+        assert short.last_pass_end_s == pytest.approx(full.last_pass_end_s, rel=1e-9)
+
+
+def test_gradient_reduction_overlaps_the_backward_pass():
+    layout = TrainingLayout(dp=8)
+    kw = dict(model=LLAMA, device="h100_sxm", layout=layout, global_batch_size=8,
+              micro_batch_size=1, seq_length=256)
+    on = estimate_training(TrainingRequest(**kw))
+    off = estimate_training(TrainingRequest(**kw, overlap_grad_reduce=False))
+    assert on.breakdown_s["dp_comm_exposed"] < off.breakdown_s["dp_comm_exposed"]
+    assert on.step_time_s < off.step_time_s
+    for r in (on, off):
+        assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def test_pipeline_bubble_and_breakdown_add_up():
+    r = estimate_training(TrainingRequest(model=LLAMA, device="h100_sxm",
+                                          layout=TrainingLayout(pp=2, tp=2), global_batch_size=8,
+                                          micro_batch_size=1, seq_length=256))
+    assert r.breakdown_s["pp_bubble"] > 0
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+    assert r.tokens_per_s == pytest.approx(8 * 256 / r.step_time_s)
+
+
+@pytest.mark.parametrize("model,tp", [(LLAMA, 2), (GPT, 1)])
+def test_forward_pass_equals_the_inference_estimate_task_by_task(model, tp):
+    system = load_system("h100_sxm")
+    resolver = make_resolver(system)
+    mbs, seq = 2, 256
+    inference = estimate_step(EstimateRequest(model=model, device=system,
+                                              plan=ParallelPlan(tp=tp),
+                                              batch=Batch.prefill(mbs, seq), logits="all"),
+                              resolver)
+    training = estimate_training(TrainingRequest(model=model, device=system,
+                                                 layout=TrainingLayout(tp=tp),
+                                                 global_batch_size=mbs, micro_batch_size=mbs,
+                                                 seq_length=seq), resolver)
+    inf = {ct.task.lineage: ct for ct in inference.costed.tasks}
+    fwd = {ct.task.lineage: ct for ct in training.costs[0].forward.tasks}
+    shared = inf.keys() & fwd.keys()
+    # training drops the KV-cache writes and the logits all-gather (the loss is
+    # vocab-parallel) and adds the loss and the dropouts its config declares
+    assert {inf[k].task.operation for k in inf.keys() - shared} <= {"kv_cache_write",
+                                                                    "all_gather"}
+    assert {fwd[k].task.group.split(".")[0] for k in fwd.keys() - shared} <= {"loss"} | (
+        {"embed", "attn", "mlp"} if model is GPT else set())
+    assert len(shared) >= 10
+    for k in shared:
+        assert fwd[k].task.work == inf[k].task.work, k
+        assert fwd[k].latency_s == inf[k].latency_s, k
