@@ -106,3 +106,16 @@ def test_forward_pass_equals_the_inference_estimate_task_by_task(model, tp):
     for k in shared:
         assert fwd[k].task.work == inf[k].task.work, k
         assert fwd[k].latency_s == inf[k].latency_s, k
+
+
+def test_tp_comm_overlap_hides_tp_collectives_behind_their_gemms():
+    kw = dict(model=LLAMA, device="h100_sxm", layout=TrainingLayout(tp=2,
+                                                                     sequence_parallel=True),
+              global_batch_size=4, micro_batch_size=4, seq_length=1024)
+    exposed = estimate_training(TrainingRequest(**kw))
+    overlapped = estimate_training(TrainingRequest(**kw, tp_comm_overlap=True))
+    assert exposed.breakdown_s["tp_comm_exposed"] > 0
+    assert overlapped.breakdown_s["tp_comm_exposed"] < exposed.breakdown_s["tp_comm_exposed"]
+    assert overlapped.step_time_s < exposed.step_time_s
+    # the work is the same; only the dependencies changed
+    assert overlapped.model_flops == exposed.model_flops

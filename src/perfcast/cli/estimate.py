@@ -14,6 +14,13 @@ from rich.markup import escape
 
 from perfcast.cli.calibration_option import CalibrationOption
 from perfcast.cli.calibration_option import load as load_calibration
+from perfcast.cli.evidence_options import (
+    AllowForeignOption,
+    EvidenceOption,
+    EvidencePolicyOption,
+    RuntimeVersionOption,
+    StoreOption,
+)
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate_sources import (
     AUTO,
@@ -196,12 +203,10 @@ def estimate_command(
                                                 help="schedule every layer (default: a few "
                                                      "representative layers per block, "
                                                      "extrapolated; implied by --chrome-trace)")] = False,
-    evidence: Annotated[Optional[list[str]], typer.Option(
-        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
-                           "(repeat; earlier ones are asked first)")] = None,
+    evidence: EvidenceOption = None,
     runtime: Annotated[str, typer.Option(help="runtime of the evidence to use: vllm | sglang | "
                                               "trtllm ...")] = "",
-    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
+    runtime_version: RuntimeVersionOption = "",
     implementation: Annotated[Optional[list[str]], typer.Option(
         "--implementation", help="KERNEL (every op), OP=KERNEL (repeat), or auto: the kernel "
                                  "the --runtime's dispatch rules pick per op and shape, each "
@@ -209,12 +214,9 @@ def estimate_command(
     op_dim: Annotated[Optional[list[str]], typer.Option(
         "--op-dim", help="OP:NAME=VALUE extra selector for one operation, e.g. "
                          "all_reduce:backend=vllm_graph (repeat)")] = None,
-    evidence_policy: Annotated[str, typer.Option(
-        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
-    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
-    allow_foreign_evidence: Annotated[bool, typer.Option(
-        "--allow-foreign-evidence", help="use evidence measured on another device than "
-                                         "--device (every such answer says so)")] = False,
+    evidence_policy: EvidencePolicyOption = "interpolate",
+    store: StoreOption = None,
+    allow_foreign_evidence: AllowForeignOption = False,
     wide: Annotated[bool, typer.Option("--wide", help="table: every column, full operator "
                                                       "names, however wide")] = False,
     calibration: CalibrationOption = "default",

@@ -11,6 +11,13 @@ from rich.console import Console
 
 from perfcast.cli.calibration_option import CalibrationOption
 from perfcast.cli.calibration_option import load as load_calibration
+from perfcast.cli.evidence_options import (
+    AllowForeignOption,
+    EvidenceOption,
+    EvidencePolicyOption,
+    RuntimeVersionOption,
+    StoreOption,
+)
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate import OutputFormat, calibrated_for, evidence_context
 from perfcast.cli.estimate_sources import evidence_layer, evidence_silence
@@ -47,23 +54,22 @@ def train_command(
     no_overlap_grad_reduce: Annotated[bool, typer.Option(
         "--no-overlap-grad-reduce", help="reduce gradients after the last backward pass "
                                          "instead of per layer during it")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="pipeline TP collectives with their GEMMs (Megatron "
+                                  "--tp-comm-overlap); default: exposed where the next op "
+                                  "needs them")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table | json")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option(
         "--chrome-trace", help="write the pipeline schedule as a Chrome trace JSON (every "
                                "microbatch scheduled)")] = None,
-    evidence: Annotated[Optional[list[str]], typer.Option(
-        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
-                           "(repeat; earlier ones are asked first)")] = None,
+    evidence: EvidenceOption = None,
     runtime: Annotated[str, typer.Option(help="runtime of the evidence to use")] = "",
-    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
+    runtime_version: RuntimeVersionOption = "",
     implementation: Annotated[Optional[list[str]], typer.Option(
         "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
-    evidence_policy: Annotated[str, typer.Option(
-        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
-    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
-    allow_foreign_evidence: Annotated[bool, typer.Option(
-        "--allow-foreign-evidence", help="use evidence measured on another device than "
-                                         "--device (every such answer says so)")] = False,
+    evidence_policy: EvidencePolicyOption = "interpolate",
+    store: StoreOption = None,
+    allow_foreign_evidence: AllowForeignOption = False,
     calibration: CalibrationOption = "default",
 ) -> None:
     """Estimate one training step: step time, tokens/s, MFU/HFU, memory per device and
@@ -94,7 +100,8 @@ def train_command(
                                   global_batch_size=global_batch_size,
                                   micro_batch_size=micro_batch_size, seq_length=seq_length,
                                   dtype=dtype, context=context,
-                                  overlap_grad_reduce=not no_overlap_grad_reduce)
+                                  overlap_grad_reduce=not no_overlap_grad_reduce,
+                                  tp_comm_overlap=tp_comm_overlap)
         result = estimate_training(request, resolver)
         warning = evidence_silence(_AllOps(result), layer, context)
         if warning:

@@ -127,6 +127,41 @@ def _cp_exchange(tasks: list[Task], layout: TrainingLayout, tiers: Tiers) -> lis
     return out
 
 
+def overlap_tp_comm(tasks: list[Task], tp: int) -> list[Task]:
+    """TP communication overlapped with its GEMM (Megatron/Transformer Engine
+    `--tp-comm-overlap`: the collective is split into chunks pipelined with the GEMM), as
+    a dependency change: a TP collective that follows a GEMM (row-parallel output, dgrad)
+    starts with that GEMM, one that feeds a GEMM (sequence-parallel all-gather) runs beside
+    it, and whoever consumed either waits for both, so the pair takes max(GEMM, comm)
+    plus what contention adds, instead of their sum."""
+    if tp == 1:
+        return tasks
+    by = {t.lineage: t for t in tasks}
+    deps = {t.lineage: list(t.deps) for t in tasks}
+    consumers: dict[str, list[str]] = {t.lineage: [] for t in tasks}
+    for t in tasks:
+        for d in t.deps:
+            consumers[d].append(t.lineage)
+    for t in tasks:
+        if t.kind is not TaskKind.COMMUNICATION or t.work.participants != tp:
+            continue
+        c = t.lineage
+        gemm_before = [d for d in deps[c] if by[d].operation == "gemm"]
+        gemm_after = [x for x in consumers[c] if by[x].operation == "gemm"]
+        if len(deps[c]) == 1 and gemm_before:
+            g = gemm_before[0]
+            deps[c] = list(deps[g])
+            for x in consumers[c]:
+                deps[x].append(g)
+        elif gemm_after:
+            for g in gemm_after:
+                deps[g] = [d for d in deps[g] if d != c] + [d for d in deps[c]
+                                                             if d not in deps[g]]
+                for x in consumers[g]:
+                    deps[x].append(c)
+    return [replace(t, deps=tuple(dict.fromkeys(deps[t.lineage]))) for t in tasks]
+
+
 def _zero3_gathers(tasks: list[Task], runs: dict, layout: TrainingLayout, tiers: Tiers,
                    *, backward: bool) -> list[Task]:
     """ZeRO-3: before each layer (and before the chunk's other weighted ops) the layer's
@@ -189,7 +224,8 @@ def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
 
 
 def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tiers, *,
-                attention_kernel: str, attention_dropout: bool) -> ChunkGraphs:
+                attention_kernel: str, attention_dropout: bool,
+                tp_comm_overlap: bool = False) -> ChunkGraphs:
     """The ChunkGraphs of chunk `chunk` of the forward graph `graph` (all chunks)."""
     chunks = layout.chunks
     last = chunk == chunks - 1
@@ -202,6 +238,9 @@ def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tie
     backward = backward_tasks(forward, graph.model.num_layers, tp=layout.tp,
                               sp=layout.sequence_parallel and layout.tp > 1,
                               recompute=layout.recompute)
+    if tp_comm_overlap:
+        forward = overlap_tp_comm(forward, layout.tp)
+        backward = overlap_tp_comm(backward, layout.tp)
     forward = _zero3_gathers(forward, runs, layout, tiers, backward=False)
     backward = _zero3_gathers(backward, runs, layout, tiers, backward=True)
     dp = _dp_gradient_tasks(backward, runs, layout, tiers)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from perfcast.core.dtypes import DType
 from perfcast.core.errors import ConfigError
+from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostQueryContext
 from perfcast.evidence.costing import CostedGraph, cost_graph
 from perfcast.evidence.resolver import CostResolver
@@ -27,7 +28,6 @@ from perfcast.workload import Batch, MemoryFacts, ModelSpec, ParallelPlan, Preci
 from perfcast.workload import load_model_spec
 from perfcast.workload.families.traits import NUM_EXPERTS_KEYS
 from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
-from perfcast.core.frozen import FrozenDict
 
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
 ATTENTION_KERNELS = ("flash", "unfused")
@@ -58,6 +58,9 @@ class TrainingRequest:
     # (Megatron --overlap-grad-reduce); False: one reduction after the last backward
     overlap_grad_reduce: bool = True
     attention_kernel: str = "flash"   # flash | unfused (materialised softmax: memory only)
+    # TP collectives pipelined with their GEMMs (Megatron --tp-comm-overlap); False: each
+    # runs where the dependency graph puts it (exposed when the next op needs its result)
+    tp_comm_overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,7 +261,8 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
 
     attn_dropout = dropout_p(model, ATTN_DROPOUT_KEYS) > 0
     chunks = [build_chunk(graph, c, lay, tiers, attention_kernel=request.attention_kernel,
-                          attention_dropout=attn_dropout) for c in range(lay.chunks)]
+                          attention_dropout=attn_dropout,
+                          tp_comm_overlap=request.tp_comm_overlap) for c in range(lay.chunks)]
     resolver = resolver or make_resolver(system)
     ctx = request.context
     by_sig: dict[tuple, ChunkCosts] = {}

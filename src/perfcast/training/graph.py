@@ -164,7 +164,7 @@ def _gemm_backward(t: Task, deps, num_layers: int, regather: str | None) -> list
     ax = t.work.axes
     m, n, k = int(ax["m"]), int(ax["n"]), int(ax["k"])
     batch = int(ax.get("batch", 1))
-    a_dt, w_dt = t.inputs[0].dtype, t.inputs[1].dtype
+    w_dt = t.inputs[1].dtype
     o_dt = t.outputs[0].dtype
     weighted = "weight_params" in t.attributes
     flops = 2.0 * m * n * k * batch
@@ -188,11 +188,11 @@ def _gemm_backward(t: Task, deps, num_layers: int, regather: str | None) -> list
     w = t.inputs[1]
     gemm("dgrad", m, k, n, dy.nbytes + w.nbytes, x.nbytes, (dy, w), (x,))
     if weighted:
-        gemm("wgrad", k, n, m, x.nbytes + dy.nbytes, w.numel * dtype_bytes(w_dt), (x, dy),
-             (TensorSpec(w.shape, w_dt),), extra_deps=(regather,) if regather else ())
+        g_dt = w_dt if dtype_bytes(w_dt) >= GRAD_BYTES else "bf16"  # fp8 GEMMs: 16-bit grads
+        gemm("wgrad", k, n, m, x.nbytes + dy.nbytes, w.numel * dtype_bytes(g_dt), (x, dy),
+             (TensorSpec(w.shape, g_dt),), extra_deps=(regather,) if regather else ())
     else:
         gemm("dgrad_b", k, n, m, x.nbytes + dy.nbytes, w.nbytes, (x, dy), (w,))
-    del a_dt
     return out
 
 
