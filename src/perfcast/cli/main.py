@@ -8,6 +8,7 @@ from perfcast.cli import catalog, collect, estimate, profiling, search, serve, v
 from perfcast.cli import calibrate, observe, workbench
 from perfcast.cli import evidence as evidence_cli
 from perfcast.cli import train
+from perfcast.cli import train_search
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict LLM inference performance on accelerators, with provenance.")
@@ -23,6 +24,7 @@ app.command("serve")(serve.serve_command)
 app.command("search")(search.search_command)
 app.add_typer(validate.app, name="validate")
 app.command("train")(train.train_command)
+app.command("train-search")(train_search.train_search_command)
 app.command("workbench")(workbench.workbench_command)
 
 
