@@ -177,3 +177,27 @@ def test_bad_rows_name_the_field(tmp_path, edit, field):
     with pytest.raises(ConfigError) as err:
         load_published(path)
     assert f"field '{field}'" in str(err.value) and str(path) in str(err.value)
+
+
+def test_runs_before_flashattention_materialise_the_softmax(published):
+    """FlashAttention (arXiv:2205.14135) appeared in May 2022: the 2021 and 2022 Megatron rows
+    ran unfused attention; Table 1's script used PyTorch DDP (overlapped gradient
+    all-reduce) up to 18B and Megatron's local DDP (after the backward) from 39B."""
+    for r in published.runs:
+        if r.id.startswith(("megatron2021", "korthikanti2022")):
+            assert r.layout.attention_kernel == "unfused", r.id
+    overlap = {r.id: r.layout.overlap_grad_reduce for r in published.runs
+               if r.id.startswith("megatron2021")}
+    assert [k for k, v in overlap.items() if v] == [
+        "megatron2021-1.7b", "megatron2021-3.6b", "megatron2021-7.5b", "megatron2021-18b"]
+
+
+def test_assumptions_say_why_and_name_layout_fields(published):
+    assumed = [r for r in published.runs if r.assumed]
+    assert {r.id for r in assumed} == {r.id for r in published.runs if r.id.startswith("llama3")}
+    for r in assumed:
+        assert r.assumed["why"] and r.assumed["virtual_pipeline"] >= 1
+        # only fields the source leaves open are assumed
+        for key in r.assumed:
+            if key not in ("why", "pipeline_layer_slots"):
+                assert getattr(r.layout, key) is None, (r.id, key)

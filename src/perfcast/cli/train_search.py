@@ -7,7 +7,6 @@ import functools
 import json
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -17,6 +16,13 @@ from rich.table import Table
 
 from perfcast.cli.calibration_option import CalibrationOption
 from perfcast.cli.errors import user_errors
+from perfcast.cli.evidence_options import (
+    AllowForeignOption,
+    EvidenceOption,
+    EvidencePolicyOption,
+    RuntimeVersionOption,
+    StoreOption,
+)
 from perfcast.core.errors import ConfigError
 
 
@@ -233,19 +239,14 @@ def train_search_command(
     executor: Annotated[str, typer.Option(help="local (processes) | inline | ray")] = "local",
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
-    evidence: Annotated[Optional[list[str]], typer.Option(
-        "--evidence", help="snapshot digest/prefix, saved database or AIConfigurator folder "
-                           "(repeat; earlier ones are asked first), as `perfcast train`")] = None,
+    evidence: EvidenceOption = None,
     runtime: Annotated[str, typer.Option(help="runtime of the evidence to use")] = "",
-    runtime_version: Annotated[str, typer.Option("--runtime-version")] = "",
+    runtime_version: RuntimeVersionOption = "",
     implementation: Annotated[Optional[list[str]], typer.Option(
         "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
-    evidence_policy: Annotated[str, typer.Option(
-        "--evidence-policy", help="exact | interpolate | extrapolate")] = "interpolate",
-    store: Annotated[Optional[Path], typer.Option("--store", help="evidence store folder")] = None,
-    allow_foreign_evidence: Annotated[bool, typer.Option(
-        "--allow-foreign-evidence", help="use evidence measured on another device than "
-                                         "--device (every such answer says so)")] = False,
+    evidence_policy: EvidencePolicyOption = "interpolate",
+    store: StoreOption = None,
+    allow_foreign_evidence: AllowForeignOption = False,
     calibration: CalibrationOption = "default",
 ) -> None:
     """Enumerate training layouts for the budgets, keep those that fit memory, rank by step

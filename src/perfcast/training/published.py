@@ -23,6 +23,7 @@ GROUPS = ("validation", "held_out")
 ASSUMABLE = frozenset({"virtual_pipeline", "micro_batch", "recompute", "sequence_parallel",
                        "zero_stage", "pipeline_layer_slots"})
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION_KERNELS = ("flash", "unfused")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class PublishedLayout:
     recompute: str | None = None
     sequence_parallel: bool | None = None
     zero_stage: int | None = None
+    overlap_grad_reduce: bool | None = None
+    attention_kernel: str | None = None    # flash | unfused
+    tp_comm_overlap: bool | None = None
 
     @property
     def num_devices(self) -> int:
@@ -153,6 +157,14 @@ def palm_model_flops(m: ModelShape, batch: int) -> float:
     """Chowdhery et al. 2022 (PaLM), appendix B, cited by Llama 3 for MFU:
     (6 N + 12 L H Q T) per token, attention counted without the causal half."""
     per_token = 6.0 * parameter_count(m) + 12.0 * m.layers * m.heads * m.head_dim * m.seq_length
+    return per_token * batch * m.seq_length
+
+
+def palm_model_causal_flops(m: ModelShape, batch: int) -> float:
+    """The PaLM count with the attention term halved for the causal mask (6 N + 6 L H Q T):
+    not a convention any row cites; the benchmark's sensitivity check for Llama 3, whose
+    paper does not print its FLOP count."""
+    per_token = 6.0 * parameter_count(m) + 6.0 * m.layers * m.heads * m.head_dim * m.seq_length
     return per_token * batch * m.seq_length
 
 
@@ -238,7 +250,14 @@ def _layout(d: Any, source: str, where: str) -> PublishedLayout:
         micro_batch=_get(d, "micro_batch", int, source, where, optional=True),
         recompute=_get(d, "recompute", str, source, where, optional=True),
         sequence_parallel=_get(d, "sequence_parallel", bool, source, where, optional=True),
-        zero_stage=_get(d, "zero_stage", int, source, where, optional=True))
+        zero_stage=_get(d, "zero_stage", int, source, where, optional=True),
+        overlap_grad_reduce=_get(d, "overlap_grad_reduce", bool, source, where, optional=True),
+        attention_kernel=_get(d, "attention_kernel", str, source, where, optional=True),
+        tp_comm_overlap=_get(d, "tp_comm_overlap", bool, source, where, optional=True))
+    if lay.attention_kernel is not None and lay.attention_kernel not in ATTENTION_KERNELS:
+        raise ConfigError(f"has value {lay.attention_kernel!r}", source=source,
+                          field=f"{where}.attention_kernel",
+                          expected=" | ".join(ATTENTION_KERNELS))
     if lay.recompute is not None and lay.recompute not in RECOMPUTE:
         raise ConfigError(f"has value {lay.recompute!r}", source=source,
                           field=f"{where}.recompute", expected=" | ".join(RECOMPUTE))
