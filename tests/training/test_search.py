@@ -114,8 +114,12 @@ def test_search_keeps_what_fits_and_ranks_by_the_estimators_step_time():
     by_label = {(c.num_devices, c.label): c for c in result.candidates}
     assert set(by_label) == {(1, "tp1 pp1 dp1 mb1 rc-full"), (8, "tp1 pp1 dp8 mb1 rc-full"),
                              (8, "tp1 pp1 dp8 mb1 rc-full z1"), (8, "tp8 pp1 dp1 mb1 rc-full")}
-    assert by_label[(1, "tp1 pp1 dp1 mb1 rc-full")].failure == "does_not_fit"
-    assert by_label[(8, "tp1 pp1 dp8 mb1 rc-full")].failure == "does_not_fit"
+    for key in ((1, "tp1 pp1 dp1 mb1 rc-full"), (8, "tp1 pp1 dp8 mb1 rc-full")):
+        # the static bound: 8.03e9 x 16 bytes = 120 GiB > 80 GiB, not costed
+        c = by_label[key]
+        assert c.failure == "does_not_fit" and c.step_time_s is None
+        assert c.memory_bytes["static_lower_bound"] / 2**30 == pytest.approx(119.7, abs=0.5)
+        assert "at least" in c.error
     fit = ranked(result.candidates)
     assert {c.label for c in fit} == {"tp1 pp1 dp8 mb1 rc-full z1", "tp8 pp1 dp1 mb1 rc-full"}
     assert fit[0].step_time_s <= fit[1].step_time_s
@@ -128,6 +132,14 @@ def test_search_keeps_what_fits_and_ranks_by_the_estimators_step_time():
         seq_length=1024))
     assert c.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12)
     assert c.memory_bytes == pytest.approx(direct.memory_bytes, rel=1e-12)
+    # the bound is below what the estimator finds for the same layout
+    alone = estimate_training(TrainingRequest(
+        model="meta-llama/Llama-3.1-8B", device="h100_sxm", layout=TrainingLayout(
+            recompute="full"), global_batch_size=8, micro_batch_size=1, seq_length=1024))
+    assert not alone.fits
+    assert by_label[(1, "tp1 pp1 dp1 mb1 rc-full")].memory_bytes["static_lower_bound"] <= \
+        alone.memory_bytes["weights"] + alone.memory_bytes["gradients"] + \
+        alone.memory_bytes["optimizer"]
     # one budget with fitting layouts: the front is its fastest
     assert [x.label for x in result.candidates if x.pareto] == [fit[0].label]
 

@@ -94,6 +94,8 @@ class TrainSearchArgs:
     top_n: int = 10
     executor: str = "local"
     workers: int = 0
+    tp_comm_overlap: bool = False
+    no_overlap_grad_reduce: bool = False
     calibration: str = "default"
     evidence: tuple[str, ...] = ()
     runtime: str = ""
@@ -151,6 +153,7 @@ def build_space(a: TrainSearchArgs, spec):
         micro_batch_sizes=parse_sizes(a.micro_batch_sizes, "--micro-batch-sizes"),
         sequence_parallel=SP_CHOICES[a.sequence_parallel],
         recompute=_words(a.recompute, "--recompute", RECOMPUTE_CHOICES), zero_stages=zero,
+        tp_comm_overlap=a.tp_comm_overlap, overlap_grad_reduce=not a.no_overlap_grad_reduce,
         resolver_factory=functools.partial(make_search_resolver, a.device, a.calibration,
                                            tuple(a.evidence), a.evidence_policy, a.store,
                                            a.allow_foreign_evidence),
@@ -198,6 +201,8 @@ def train_search_report(space, spec, system, result, top_n: int, calibration: st
                    "micro_batch_sizes": list(space.micro_batch_sizes),
                    "sequence_parallel": list(space.sequence_parallel),
                    "recompute": list(space.recompute), "zero_stages": list(space.zero_stages),
+                   "tp_comm_overlap": space.tp_comm_overlap,
+                   "overlap_grad_reduce": space.overlap_grad_reduce,
                    "notes": list(spec.notes)},
         "calibration": calibration,
         "evidence": list(evidence),
@@ -235,6 +240,12 @@ def train_search_command(
     recompute: Annotated[str, typer.Option(help="any of none,selective,full")
                          ] = "none,selective,full",
     zero_stages: Annotated[str, typer.Option("--zero-stages", help="any of 0,1,2,3")] = "0,1",
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="TP collectives pipelined with their GEMMs (every layout)")
+    ] = False,
+    no_overlap_grad_reduce: Annotated[bool, typer.Option(
+        "--no-overlap-grad-reduce", help="reduce gradients after the last backward pass")
+    ] = False,
     top_n: Annotated[int, typer.Option("--top", help="layouts to list")] = 10,
     executor: Annotated[str, typer.Option(help="local (processes) | inline | ray")] = "local",
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
@@ -260,7 +271,8 @@ def train_search_command(
             tp_sizes=tp_sizes, pp_sizes=pp_sizes, cp_sizes=cp_sizes, ep_sizes=ep_sizes,
             virtual_pipeline_sizes=virtual_pipeline_sizes,
             micro_batch_sizes=micro_batch_sizes, sequence_parallel=sequence_parallel,
-            recompute=recompute, zero_stages=zero_stages, top_n=top_n, executor=executor,
+            recompute=recompute, zero_stages=zero_stages, tp_comm_overlap=tp_comm_overlap,
+            no_overlap_grad_reduce=no_overlap_grad_reduce, top_n=top_n, executor=executor,
             workers=workers, calibration=calibration, evidence=tuple(evidence or ()),
             runtime=runtime, runtime_version=runtime_version,
             implementation=tuple(implementation or ()), evidence_policy=evidence_policy,

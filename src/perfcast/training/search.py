@@ -11,6 +11,7 @@ extra: `pip install ray`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -58,6 +59,10 @@ class TrainSearchSpace:
     resolver_factory: Callable[[], object] | None = None
     # evidence selectors of every query (runtime, implementation, ...), as `perfcast train`
     context: CostQueryContext = field(default_factory=CostQueryContext)
+    # options of every layout (TrainingRequest's): DP gradients bucketed under the backward,
+    # TP collectives pipelined with their GEMMs
+    overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
 
 
 def layout_label(layout, micro_batch_size: int) -> str:
@@ -186,9 +191,36 @@ def layout_choices(space: TrainSearchSpace, model: ModelSpec) -> Enumeration:
     return Enumeration(tuple(out), skipped, reason)
 
 
+@functools.lru_cache(maxsize=8)
+def _dense_params(model: ModelSpec) -> float | None:
+    """Parameters of a dense model (from its forward graph's weights); None for MoE."""
+    from perfcast.workload import Batch, ParallelPlan, Precision, build_task_graph
+
+    if _num_experts(model) > 1:
+        return None
+    graph = build_task_graph(model, ParallelPlan(), Batch.prefill(1, 16, 0),
+                             Precision.uniform("bf16"))
+    return graph.param_count()
+
+
+def static_lower_bound_bytes(params: float, c: LayoutChoice) -> float:
+    """Weights, gradients and Adam state of the most loaded device, at least: its share is
+    at least params / (TP x PP) (each parameter sits in one stage, TP only splits), at 2
+    + 2 + 12 bytes each, ZeRO dividing by DP x CP from stage 3, 2, 1 respectively."""
+    from perfcast.training.graph import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES
+
+    share = params / (c.tp * c.pp)
+    ranks = c.dp * c.cp
+    per_param = sum(b / (ranks if c.zero_stage >= stage else 1)
+                    for b, stage in ((PARAM_BYTES, 3), (GRAD_BYTES, 2), (OPTIMIZER_BYTES, 1)))
+    return share * per_param
+
+
 def evaluate_chunk(space: TrainSearchSpace, choices: Sequence[LayoutChoice]
                    ) -> list[TrainCandidate]:
-    """Estimate a chunk of layouts with one shared resolver."""
+    """Estimate a chunk of layouts with one shared resolver. A dense layout whose
+    weights, gradients and optimizer state alone exceed the device's memory is marked
+    `does_not_fit` from that bound, without costing its step."""
     from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
 
     from perfcast.estimate import make_resolver
@@ -197,16 +229,28 @@ def evaluate_chunk(space: TrainSearchSpace, choices: Sequence[LayoutChoice]
     model = space.model if isinstance(space.model, ModelSpec) else load_model_spec(space.model)
     system = load_system(space.device)
     resolver = space.resolver_factory() if space.resolver_factory else make_resolver(system)
+    params = _dense_params(model)
+    capacity = float(system.device.memory.capacity_bytes)
     out = []
     for c in choices:
         cand = TrainCandidate(c.label(), c.num_devices, c.layout_fields(), c.micro_batch_size)
+        bound = static_lower_bound_bytes(params, c) if params else 0.0
+        if bound > capacity:
+            cand.failure = "does_not_fit"
+            cand.memory_bytes = {"static_lower_bound": bound, "capacity": capacity}
+            cand.error = (f"weights, gradients and optimizer state alone need at least "
+                          f"{bound / 2**30:.1f} GiB of {capacity / 2**30:.1f} GiB per device")
+            out.append(cand)
+            continue
         try:
             req = TrainingRequest(model=model, device=system,
                                   layout=TrainingLayout(**c.layout_fields()),
                                   global_batch_size=space.global_batch_size,
                                   micro_batch_size=c.micro_batch_size,
                                   seq_length=space.seq_length, dtype=space.dtype,
-                                  context=space.context)
+                                  context=space.context,
+                                  overlap_grad_reduce=space.overlap_grad_reduce,
+                                  tp_comm_overlap=space.tp_comm_overlap)
             res = estimate_training(req, resolver=resolver)
         except PerfcastError as exc:
             cand.failure, cand.error = "invalid_layout", str(exc)
