@@ -36,6 +36,8 @@ def test_json_has_the_documented_fields():
     assert {o["pass"] for o in doc["ops"]} == {"forward", "backward", "backward+dp",
                                                "optimizer"}
     assert 0 < doc["mfu"] <= doc["hfu"] < 1
+    # the step ends with the last rank's optimizer step (or ZeRO's parameter all-gather)
+    assert doc["critical_path"][-1].split("@")[0] in ("optimizer", "dp.param_all_gather")
 
 
 def test_chrome_trace_is_written(tmp_path):

@@ -186,3 +186,20 @@ def test_does_not_fit_names_the_largest_contributors():
     text = r.memory.does_not_fit()
     assert "does not fit" in text and "optimizer" in text
     assert r.to_json(include_ops=False)["memory_error"] == text
+
+
+@pytest.mark.parametrize("model_id,layout", [
+    ("openai/gpt-oss-120b", TrainingLayout(tp=2, pp=4, dp=4, ep=8)),     # sliding + sinks, MoE
+    ("Qwen/Qwen3.5-27B", TrainingLayout(tp=4, pp=4)),                    # gated DeltaNet hybrid
+    ("Qwen/Qwen3-30B-A3B", TrainingLayout(tp=2, pp=2, dp=4, ep=4, sequence_parallel=True)),
+])
+def test_every_family_trains_with_model_flops_3_x_forward(model_id, layout):
+    from perfcast.workload import load_model_spec
+
+    r = train(load_model_spec(model_id), layout, gbs=layout.dp * layout.pp, mbs=1, seq=512)
+    forward = sum(t.work.flops * t.count * t.devices / int(t.attributes.get("replicas", 1))
+                  for c in r.chunks for t in c.forward.tasks)
+    scale = r.request.global_batch_size / (r.request.micro_batch_size * (layout.ep // layout.tp
+                                                                          if layout.ep > 1 else 1))
+    assert r.model_flops == pytest.approx(3 * forward * scale, rel=1e-12)
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-9)
