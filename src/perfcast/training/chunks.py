@@ -5,15 +5,17 @@ group of n ranks with stride s spans s (n - 1) + 1 consecutive devices, and its 
 the innermost one that holds that span (`System.tier_for_group`). The DP, ZeRO, CP and
 pipeline collectives training adds name it in their `tier` axis so cost and stream agree;
 TP groups (and EP groups without CP) are contiguous, so the collective model's default
-tier for their size is already theirs and the inference graph's tasks stay as they are. Gradient buckets are one layer's gradients
-(per layer run, issued as soon as that layer's weight gradients exist) plus one bucket for
-the parameters outside the layers (embedding, final norm, LM head).
+tier for their size is already theirs and the inference graph's tasks stay as they are.
+Gradient buckets are one layer's gradients (per layer run, issued as soon as that layer's
+weight gradients exist) plus one bucket for the parameters outside the layers (embedding,
+final norm, LM head).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.frozen import FrozenDict
 from perfcast.hardware import System
 from perfcast.training.graph import (
@@ -90,10 +92,12 @@ def _params(tasks: list[Task], last_chunk_holds_head: bool) -> tuple[float, floa
     return dense, expert, runs
 
 
-def _collective(lineage: str, group: str, operation: str, message: float, participants: int,
-                tier: str, *, deps=(), layers=None, count: int = 1, devices: int = 1,
-                dtype: str = "bf16", attributes: dict | None = None) -> Task:
-    n = max(1, int(message / 2))
+def collective_task(lineage: str, group: str, operation: str, message: float,
+                    participants: int, tier: str, *, deps=(), layers=None, count: int = 1,
+                    devices: int = 1, dtype: str = "bf16",
+                    attributes: dict | None = None) -> Task:
+    """A collective that training adds (DP, ZeRO, CP, pipeline), on its named tier."""
+    n = max(1, int(message / dtype_bytes(dtype)))
     return Task(lineage=lineage, group=group, operator=f"tensor_cast.{operation}.default",
                 operation=operation, kind=TaskKind.COMMUNICATION,
                 inputs=(TensorSpec((n,), dtype),), outputs=(TensorSpec((n,), dtype),),
@@ -118,7 +122,7 @@ def _cp_exchange(tasks: list[Task], layout: TrainingLayout, tiers: Tiers) -> lis
             message = k.nbytes + v.nbytes
             prefix = t.lineage[: len(t.lineage) - len(t.group)]
             group = "attn.cp_kv_all_gather" + t.group[len("attn.core"):]
-            g = _collective(prefix + group, group, "all_gather", message, layout.cp, tiers.cp,
+            g = collective_task(prefix + group, group, "all_gather", message, layout.cp, tiers.cp,
                             deps=t.deps, layers=t.layers, count=t.count, devices=t.devices,
                             dtype=k.dtype)
             out.append(g)
@@ -178,7 +182,7 @@ def _zero3_gathers(tasks: list[Task], runs: dict, layout: TrainingLayout, tiers:
         group = ("bwd." if backward else "") + "zero3.param_all_gather"
         message = (dense + expert * layout.data_ranks / layout.expert_data_ranks) \
             * PARAM_BYTES
-        gathers[key] = _collective(prefix + group, group, "all_gather", message,
+        gathers[key] = collective_task(prefix + group, group, "all_gather", message,
                                    layout.data_ranks, tiers.dp, layers=t.layers,
                                    count=t.count if t.layers is not None else 1,
                                    devices=t.devices)
@@ -214,10 +218,10 @@ def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
         common = dict(layers=first.layers, count=count, devices=first.devices,
                       deps=tuple(p.lineage for p in producers))
         if dense and layout.data_ranks > 1:
-            out.append(_collective(prefix + f"dp.grad_{op}", f"dp.grad_{op}", op,
+            out.append(collective_task(prefix + f"dp.grad_{op}", f"dp.grad_{op}", op,
                                    dense * GRAD_BYTES, layout.data_ranks, tiers.dp, **common))
         if expert and layout.expert_data_ranks > 1:
-            out.append(_collective(prefix + f"dp.expert_grad_{op}", f"dp.expert_grad_{op}",
+            out.append(collective_task(prefix + f"dp.expert_grad_{op}", f"dp.expert_grad_{op}",
                                    op, expert * GRAD_BYTES, layout.expert_data_ranks,
                                    tiers.dp, **common))
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfcast.core.dtypes import DType
+from perfcast.core.dtypes import DType, dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostQueryContext
@@ -20,7 +20,7 @@ from perfcast.evidence.resolver import CostResolver
 from perfcast.hardware import System, load_system
 from perfcast.plan import PlanOptions, schedule_plan
 from perfcast.plan.training import PassCosts, TrainingSchedule, schedule_training
-from perfcast.training.chunks import ChunkGraphs, Tiers, _collective, build_chunk, tiers_for
+from perfcast.training.chunks import ChunkGraphs, Tiers, build_chunk, collective_task, tiers_for
 from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, forward_graph
 from perfcast.training.layout import TrainingLayout, check_layout
 from perfcast.training.memory import DeviceMemory, most_loaded, rank_memory
@@ -247,8 +247,10 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
         raise ConfigError(f"has value {request.attention_kernel!r}", field="attention_kernel",
                           expected=" | ".join(ATTENTION_KERNELS))
     precision = training_precision(request.dtype)
-    system = request.device if isinstance(request.device, System) else load_system(request.device)
-    model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
+    system = request.device if isinstance(request.device, System) \
+        else load_system(request.device)
+    model = request.model if isinstance(request.model, ModelSpec) \
+        else load_model_spec(request.model)
     moe = is_moe(model)
     m = check_layout(lay, model, global_batch_size=request.global_batch_size,
                      micro_batch_size=request.micro_batch_size,
@@ -326,8 +328,8 @@ def _p2p(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
     tokens = graph.batch.tokens // max(graph.plan.dp, 1)
     if lay.sequence_parallel and lay.tp > 1:
         tokens = -(-tokens // lay.tp)
-    message = tokens * graph.model.hidden_size * 2.0 * max(graph.plan.dp, 1)
-    task = _collective("pp.send_recv", "pp.send_recv", "send_recv", message, 2, tiers.pp,
+    message = tokens * graph.model.hidden_size * dtype_bytes(graph.precision.activation)
+    task = collective_task("pp.send_recv", "pp.send_recv", "send_recv", message, 2, tiers.pp,
                        devices=first.forward.tasks[0].devices)
     costed = _single(task, first.forward, system, resolver, ctx)
     return message, costed.tasks[0].latency_s
@@ -349,7 +351,7 @@ def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, syst
         opt.append(costed.tasks[0].total_latency_s)
         g = 0.0
         if z in (1, 2) and lay.data_ranks > 1:
-            task = _collective("dp.param_all_gather", "dp.param_all_gather", "all_gather",
+            task = collective_task("dp.param_all_gather", "dp.param_all_gather", "all_gather",
                                (dense + expert * lay.data_ranks / lay.expert_data_ranks) * 2.0,
                                lay.data_ranks, tiers.dp, devices=devices)
             c = _single(task, mine[0].forward, system, resolver, ctx)

@@ -124,9 +124,11 @@ def print_training(result: TrainingResult, console) -> None:
 
     r = result.request
     lay = r.layout
+    virtual = f" (V{lay.virtual_pipeline})" if lay.virtual_pipeline > 1 else ""
+    sp = "on" if lay.sequence_parallel else "off"
     console.print(f"[bold]{result.model.name}[/] on {lay.num_devices} x {result.system.name}: "
-                  f"TP{lay.tp} PP{lay.pp}{f' (V{lay.virtual_pipeline})' if lay.virtual_pipeline > 1 else ''} "
-                  f"DP{lay.dp} CP{lay.cp} EP{lay.ep}, SP {'on' if lay.sequence_parallel else 'off'}, "
+                  f"TP{lay.tp} PP{lay.pp}{virtual} "
+                  f"DP{lay.dp} CP{lay.cp} EP{lay.ep}, SP {sp}, "
                   f"recompute {lay.recompute}, ZeRO-{lay.zero_stage}, {r.dtype}; "
                   f"{r.global_batch_size} x {r.seq_length} tokens, {result.microbatches} "
                   f"microbatches of {r.micro_batch_size}")
