@@ -106,3 +106,28 @@ def api(server):
 
     with httpx.Client(base_url=server["url"], timeout=120) as client:
         yield client
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium driven by Selenium (never a browser downloaded at run
+    time: `make test` installs chromium and chromium-driver with apt-get)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for path in (CHROMIUM, CHROMEDRIVER):
+        assert path.exists(), (f"{path} is missing: `apt-get install -y chromium "
+                               "chromium-driver` (make test does it)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1600", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()

@@ -104,6 +104,14 @@ def test_search_job_reports_progress_and_the_cli_record(api, server):
     assert job["done"] == job["total"] == 3
     assert len(want["configurations"]) == want["evaluated"] == 6
     assert any(c["pareto"] for c in want["configurations"])
+    # what the Pareto page simulates for a clicked configuration is that configuration
+    from perfcast.workbench.figures import serve_args_for
+
+    for row in (want["configurations"][0], want["configurations"][-1]):
+        served = api.post("/api/serve", json=serve_args_for(want, row)).json()
+        assert served["inputs"]["mode"] == row["mode"]
+        assert served["tokens_per_s_per_gpu"] == row["tokens_per_s_per_gpu"]
+        assert served["tpot_ms"]["mean"] == row["tpot_ms"]
 
 
 def test_two_searches_at_once_both_complete_and_one_can_be_cancelled(api):
@@ -209,6 +217,11 @@ def test_openapi_page_documents_the_api(api):
     assert {"/api/estimate", "/api/serve", "/api/search", "/api/validate", "/api/jobs/{job_id}",
             "/api/evidence", "/api/evidence/{ref}/query", "/api/observations",
             "/api/calibrations/{ref}"} <= set(paths)
+    # what the offline Swagger UI (4.x) reads: the same API as OpenAPI 3.0
+    doc30 = api.get("/openapi-3.0.json").json()
+    assert doc30["openapi"] == "3.0.3" and set(doc30["paths"]) == set(paths)
+    assert '{"type": "null"}' not in json.dumps(doc30)
+    assert api.get("/_swagger/swagger-ui-bundle.js").status_code == 200
 
 
 def test_listening_beyond_loopback_warns(server, tmp_path):

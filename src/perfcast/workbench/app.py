@@ -17,9 +17,68 @@ def create(wb: Workbench):
     jobs = JobManager()
     app.include_router(build_router(wb, jobs))
     install_error_handler(app)
+    openapi_page(app)
     pages.register(wb, jobs)
     app.on_shutdown(jobs.shutdown)
     return app, jobs
+
+
+def openapi_page(app) -> None:
+    """/openapi.json and its Swagger UI at /docs, with the UI's files served from the
+    swagger-ui-bundle package (FastAPI's default page loads them from a CDN, and the
+    workbench must work offline)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import JSONResponse
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.title, app.version = "perfcast workbench API", _version()
+    app.mount("/_swagger", StaticFiles(directory=swagger_ui_path), name="swagger")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/openapi-3.0.json", include_in_schema=False)
+    def openapi30() -> JSONResponse:
+        return JSONResponse(openapi_30(app.openapi()))
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        return get_swagger_ui_html(openapi_url="/openapi-3.0.json", title=app.title,
+                                   swagger_js_url="/_swagger/swagger-ui-bundle.js",
+                                   swagger_css_url="/_swagger/swagger-ui.css",
+                                   swagger_favicon_url="/_swagger/favicon-32x32.png")
+
+
+def openapi_30(doc: dict) -> dict:
+    """The OpenAPI 3.1 document in the 3.0 form the bundled Swagger UI (4.x) reads:
+    `anyOf: [X, {type: null}]` becomes X with `nullable: true`; `examples` lists are
+    dropped (3.0 has a single `example`)."""
+    def down(node):
+        if isinstance(node, list):
+            return [down(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: down(v) for k, v in node.items() if k != "examples"}
+        alts = out.get("anyOf")
+        if isinstance(alts, list) and {"type": "null"} in alts:
+            rest = [a for a in alts if a != {"type": "null"}]
+            del out["anyOf"]
+            out.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+            out["nullable"] = True
+        return out
+
+    return {**down(doc), "openapi": "3.0.3"}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("perfcast")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def serve(wb: Workbench, *, host: str = "127.0.0.1", port: int = 8080) -> None:
@@ -29,5 +88,5 @@ def serve(wb: Workbench, *, host: str = "127.0.0.1", port: int = 8080) -> None:
     print(f"perfcast workbench on http://{host}:{port}/ (API: /api, OpenAPI: /docs; "
           f"evidence store {wb.evidence_path})", flush=True)
     ui.run(host=host, port=port, reload=False, show=False, title="perfcast workbench",
-           fastapi_docs=True, show_welcome_message=False, favicon="📈",
+           show_welcome_message=False, favicon="📈",
            uvicorn_logging_level="warning")

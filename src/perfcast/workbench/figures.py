@@ -158,6 +158,7 @@ def pareto_figure(doc: dict) -> dict:
     return {"data": data,
             "layout": {"title": {"text": title}, "height": 520, "shapes": shapes,
                        "annotations": notes, "clickmode": "event",
+                       "legend": {"orientation": "h", "y": -0.15},
                        "xaxis": {"title": {"text": "tokens/s/user"}},
                        "yaxis": {"title": {"text": "tokens/s/GPU"}},
                        "margin": {"l": 70, "r": 20, "t": 50, "b": 50}}}
@@ -182,8 +183,7 @@ def serve_args_for(search: dict, row: dict) -> dict:
             "isl": inp["isl"], "osl": inp["osl"], "range_ratio": inp["range_ratio"],
             "concurrency": row["concurrency"],
             "num_requests": inp["client"]["requests_per_client"] * row["concurrency"],
-            "calibration": search["calibration"] if search["calibration"] != "none"
-            else "none"}
+            "calibration": calibration_ref(search["calibration"])}
     if row["mode"] == "disagg" and len(pools) > 1:
         dw, dtp, ddp, dep = pools[1]
         args.update(decode_workers=dw, decode_tp_size=dtp, decode_dp_size=ddp,
@@ -193,6 +193,16 @@ def serve_args_for(search: dict, row: dict) -> dict:
     if ev and ev.get("root"):
         args["evidence_root"] = ev["root"]
     return args
+
+
+def calibration_ref(digest: str) -> str:
+    """What `--calibration` takes for the revision a record names: `default` for the
+    shipped revision (not in any store), `none`, else the digest."""
+    from perfcast.calibrate.store import default_revision
+
+    if digest in ("none", default_revision().digest):
+        return "default" if digest != "none" else "none"
+    return digest
 
 
 def scatter_figure(rows: list[dict], metric: str, label: str = "") -> list[dict]:

@@ -116,9 +116,10 @@ def register(wb, jobs) -> None:
         ui.label("predicted vs measured (validate silicon)").classes("text-lg font-bold mt-4")
         with ui.row().classes("items-end gap-3"):
             file = ui.input("silicon CSV").classes("w-[32rem]").props('data-testid="silicon-file"')
-            mode = ui.select({"": "all", "agg": "agg", "disagg": "disagg"}, value="agg",
+            mode = ui.select({"": "all", "agg": "agg", "disagg": "disagg"}, value="",
                              label="mode").classes("w-24")
-            before = ui.input("before (revision)", value="none").classes("w-36")
+            before = ui.input("before (revision)", value="none").classes("w-36") \
+                .props('data-testid="before"')
             after = ui.input("after (revision)", value="default").classes("w-36")
             go = ui.button("validate").props('data-testid="run-validate"')
             stop = ui.button("cancel", color="negative")

@@ -12,6 +12,23 @@ from perfcast.workbench.pages.common import header, json_block, show_error, us
 EXAMPLE = {"operation": "gemm", "dtype": "bf16", "dims": {"m": 100, "n": 4096, "k": 4096}}
 
 
+def example_query(db) -> dict:
+    """A query between two measured points of the snapshot's largest GEMM curve (the
+    static example when it holds none)."""
+    curves = views.series(db, "gemm", "bf16")
+    if not curves:
+        return dict(EXAMPLE)
+    key = curves[0]["key"]
+    body = {"operation": "gemm", "dtype": "bf16"}
+    for sel, fld in views.CONTEXT_SELECTORS.items():
+        if sel in key:
+            body[fld] = key[sel]
+    dims = {k: v for k, v in key.items()
+            if k not in views.CONTEXT_SELECTORS and k != "hardware"}
+    body["dims"] = {"m": 100, **dims}
+    return body
+
+
 def resolve(wb, ref: str, body: dict) -> tuple[dict, list[dict], str]:
     """(the `evidence query` record, the neighbours, the system asked about)."""
     from perfcast.cli.evidence import query_record
@@ -72,7 +89,11 @@ def register(wb, jobs) -> None:
             with ui.column().classes("flex-grow"):
                 ui.label("or paste one (the fields of an `evidence query --queries` line, "
                          "plus policy)").classes("font-bold")
-                text = ui.textarea(value=json.dumps(EXAMPLE, indent=1)) \
+                try:
+                    example = example_query(wb.database(manifests[0]["digest"])[1])
+                except Exception:  # noqa: BLE001 - an unreadable snapshot: the static one
+                    example = dict(EXAMPLE)
+                text = ui.textarea(value=json.dumps(example, indent=1)) \
                     .classes("w-full font-mono").props('rows=10 data-testid="query-json"')
                 go = ui.button("resolve").props('data-testid="resolve"')
         out = ui.column().classes("w-full")

@@ -50,8 +50,10 @@ def register(wb, jobs) -> None:
             backend = ui.select(["vllm", "sglang", "trtllm"], value="vllm", label="backend") \
                 .classes("w-28")
             version = ui.input("backend version").classes("w-28")
-            isl = ui.number("isl", value=1024, min=1, precision=0).classes("w-24")
-            osl = ui.number("osl", value=128, min=1, precision=0).classes("w-24")
+            isl = ui.number("isl", value=1024, min=1, precision=0).classes("w-24") \
+                .props('data-testid="isl"')
+            osl = ui.number("osl", value=128, min=1, precision=0).classes("w-24") \
+                .props('data-testid="osl"')
             calibration = ui.input("calibration", value="default").classes("w-32")
             evidence_root = ui.input("evidence root (AIConfigurator folder, optional)") \
                 .classes("w-80")
@@ -92,7 +94,8 @@ def register(wb, jobs) -> None:
 
         ui.label("search layouts and concurrency").classes("text-lg font-bold mt-4")
         with ui.row().classes("items-end gap-3"):
-            gpus = ui.number("GPUs", value=8, min=1, precision=0).classes("w-20")
+            gpus = ui.number("GPUs", value=8, min=1, precision=0).classes("w-20") \
+                .props('data-testid="gpus"')
             tps = ui.input("TP sizes", value="1,2,4,8").classes("w-28") \
                 .props('data-testid="tp-sizes"')
             concs = ui.input("concurrencies", value="4,8,16,32,64,128").classes("w-44") \
@@ -147,16 +150,21 @@ def register(wb, jobs) -> None:
                 ui.label(f"{row['layout']}, concurrency {row['concurrency']}").classes(
                     "text-lg font-bold").props('data-testid="point-detail"')
                 json_block(row)
-                spinner = ui.spinner()
+                box = ui.column().classes("w-full")
+                with box:
+                    ui.spinner()
             try:
                 a = ServeArgs(**figures.serve_args_for(state["doc"], row))
                 metrics, _ = await run.io_bound(run_serve, a)
             except Exception as exc:  # noqa: BLE001
-                spinner.delete()
-                show_error(detail, exc)
+                show_error(box, exc)
                 return
-            spinner.delete()
-            with detail:
+            box.clear()
+            with box:
+                ui.label("perfcast serve " + " ".join(
+                    f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
+                    if v not in (None, "") and v != getattr(ServeArgs, k, None)
+                    and k != "model") + f" {a.model}").classes("font-mono text-xs")
                 metrics_view(metrics, "point-serve")
 
         def poll() -> None:
