@@ -94,7 +94,8 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *,
     means its latest layer before n (its last layer for tasks outside blocks); a task
     that starts a layer (no dep inside its block) also waits for the tasks that end the
     stage's previous layer (n - 1, or the latest kept layer before n), whichever block
-    it belongs to, so alternating blocks (`L0-34:2`, `L1-35:2`) chain layer by layer."""
+    it belongs to, so alternating blocks (`L0-34:2`, `L1-35:2`) chain layer by layer.
+    Tasks with the attribute `async` (gradient reductions) are not waited for."""
     tasks = [ct.task for ct in costed.tasks]
     pos = {t.lineage: i for i, t in enumerate(tasks)}
     for t in tasks:
@@ -164,7 +165,10 @@ def build_template(costed: CostedGraph, resources: ResourceModel, *,
         inside = set(members)
         has_succ = {pos[d] for j in members for d in tasks[j].deps if pos[d] in inside}
         is_source.update(j for j in members if not any(pos[d] in inside for d in tasks[j].deps))
-        block_sinks[key] = [j for j in members if j not in has_succ]
+        # a task marked `async` (e.g. a gradient reduction nobody in the layer waits
+        # for) does not end its layer: the next layer starts without it
+        block_sinks[key] = [j for j in members if j not in has_succ
+                            and not tasks[j].attributes.get("async")]
     tpl.preds = [[] for _ in tpl.lineage]
     for (i, layer), inst in index.items():
         preds = tpl.preds[inst]

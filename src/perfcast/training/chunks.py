@@ -216,7 +216,7 @@ def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
         prefix = key + "." if key else ""
         count = first.count if first.layers is not None else 1
         common = dict(layers=first.layers, count=count, devices=first.devices,
-                      deps=tuple(p.lineage for p in producers))
+                      deps=tuple(p.lineage for p in producers), attributes={"async": True})
         if dense and layout.data_ranks > 1:
             out.append(collective_task(prefix + f"dp.grad_{op}", f"dp.grad_{op}", op,
                                    dense * GRAD_BYTES, layout.data_ranks, tiers.dp, **common))
