@@ -284,16 +284,24 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
              for cc in costs]
     dp_after = [0.0] * lay.pp
     if not request.overlap_grad_reduce:
-        for c, cc in zip(chunks, costs):
-            dp_after[c.device] += sum(ct.total_latency_s for ct in cc.backward_dp.tasks
-                                      if ct.task.group.startswith("dp."))
-        tails = [0.0] * lay.chunks if not every else tails
+        # not overlapped: a chunk's gradient collectives run after its backward pass (every
+        # pass under ZeRO-2/3), or after the rank's last pass (ZeRO-0/1)
+        unhidden = [sum(ct.total_latency_s for ct in cc.backward_dp.tasks
+                        if ct.task.group.startswith("dp.")) for cc in costs]
+        if every:
+            tails = unhidden
+        else:
+            for c, t in zip(chunks, unhidden):
+                dp_after[c.device] += t
+            tails = [0.0] * lay.chunks
+    for d, t in _embedding_sync(graph, lay, tiers, system, resolver, ctx, chunks).items():
+        dp_after[d] += t
     optimizer_s, gather_s, opt_costed = _optimizer(chunks, lay, graph, tiers, system,
                                                    resolver, ctx)
     sched = schedule_training(lay.pp, m, lay.virtual_pipeline, PassCosts(
         forward_s=[cc.forward_time.makespan_s for cc in costs],
         backward_s=[cc.backward_time.makespan_s for cc in costs], p2p_s=p2p_s,
-        dp_tail_s=tails if request.overlap_grad_reduce or every else (),
+        dp_tail_s=tails,
         dp_every_microbatch=every, dp_after_s=dp_after, optimizer_s=optimizer_s,
         param_gather_s=gather_s), full=full_schedule)
     ranks = rank_memory(chunks, lay, m, system.device.memory.capacity_bytes, p2p_bytes)
@@ -333,6 +341,21 @@ def _p2p(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
                        devices=first.forward.tasks[0].devices)
     costed = _single(task, first.forward, system, resolver, ctx)
     return message, costed.tasks[0].latency_s
+
+
+def _embedding_sync(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
+                    resolver: CostResolver, ctx, chunks) -> dict[int, float]:
+    """Tied embeddings under PP: the first and the last rank hold copies of the table and
+    all-reduce its gradient after the backward pass (Megatron-LM), per rank seconds."""
+    if not (graph.model.tie_word_embeddings and lay.pp > 1):
+        return {}
+    lookup = next(t for t in chunks[0].forward.tasks if t.group == "embed.lookup")
+    message = float(lookup.attributes["weight_params"]) * 2.0
+    tier = system.tier_for_group((lay.pp - 1) * lay.tp * lay.cp * lay.dp + 1).name
+    task = collective_task("dp.embedding_grad_all_reduce", "dp.embedding_grad_all_reduce",
+                           "all_reduce", message, 2, tier, devices=lookup.devices)
+    seconds = _single(task, chunks[0].forward, system, resolver, ctx).tasks[0].latency_s
+    return {0: seconds, lay.pp - 1: seconds}
 
 
 def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, system: System,
