@@ -63,3 +63,20 @@ def test_errors_name_the_flag_and_exit_2():
         r = run(*args)
         assert r.exit_code == 2, (args, r.output)
         assert flag in r.output and "Traceback" not in r.output, (args, r.output)
+
+
+def test_evidence_answers_training_gemms_through_the_estimate_options():
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator" / "h100_sxm"
+    r = CliRunner().invoke(app, [
+        "train", "meta-llama/Llama-3.1-8B", "--num-devices", "8", "--tp-size", "2",
+        "--dp-size", "4", "--global-batch-size", "32", "--micro-batch-size", "1",
+        "--seq-length", "4096", "--evidence", str(fixture), "--runtime", "vllm",
+        "--runtime-version", "0.19.0", "--implementation", "gemm=vllm_default",
+        "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["sources"]["evidence"][0]["hardware"] == ["h100_sxm"]
+    measured = [o for o in doc["ops"] if o["method"] in ("measured", "interpolated")]
+    assert measured and all(o["operator"] == "aten.mm.default" for o in measured)
