@@ -125,3 +125,35 @@ def test_tp_comm_overlap_hides_tp_collectives_behind_their_gemms():
     assert overlapped.step_time_s < exposed.step_time_s
     # the work is the same; only the dependencies changed
     assert overlapped.model_flops == exposed.model_flops
+
+
+@pytest.mark.parametrize("p,v", [(4, 1), (4, 2), (8, 3), (16, 2)])
+def test_first_rank_holds_korthikanti_interleaved_activations(p, v):
+    """Korthikanti et al. 2022, section 4.2.3: the first rank stores the activations of
+    L (1 + (p - 1) / (p v)) layers under the interleaved schedule (L under 1F1B), i.e.
+    p v + p - 1 chunks of L / (p v) layers each."""
+    from perfcast.plan.training import peak_live_bytes
+
+    order = training_order(p, 4 * p, v)
+    peak = peak_live_bytes(order[0], [1.0] * (p * v))
+    layers = 96
+    expected = layers if v == 1 else layers * (1 + (p - 1) / (p * v))
+    assert peak * layers / (p * v) == pytest.approx(expected)
+
+
+def test_context_parallel_ranks_each_compute_1_over_cp_of_the_work():
+    kw = dict(model=LLAMA, device="h100_sxm", global_batch_size=2, micro_batch_size=1,
+              seq_length=1024)
+    one = estimate_training(TrainingRequest(layout=TrainingLayout(), **kw))
+    two = estimate_training(TrainingRequest(layout=TrainingLayout(cp=2), **kw))
+
+    def flops(r, op):
+        return sum(t.work.flops * t.count for t in r.chunks[0].forward.tasks
+                   if t.operation == op)
+
+    # load-balanced causal split: each rank attends exactly half of the (query, key) pairs
+    assert 2 * flops(two, "attention") == flops(one, "attention")
+    assert 2 * flops(two, "gemm") == flops(one, "gemm")
+    gathers = [t for t in two.chunks[0].forward.tasks if t.group == "attn.cp_kv_all_gather"]
+    assert gathers and gathers[0].work.participants == 2
+    assert two.model_flops == pytest.approx(one.model_flops, rel=1e-12)
