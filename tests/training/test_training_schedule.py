@@ -86,26 +86,26 @@ def test_pipeline_bubble_and_breakdown_add_up():
     assert r.tokens_per_s == pytest.approx(8 * 256 / r.step_time_s)
 
 
-@pytest.mark.parametrize("model,tp", [(LLAMA, 2), (GPT, 1)])
-def test_forward_pass_equals_the_inference_estimate_task_by_task(model, tp):
+@pytest.mark.parametrize("model,tp,pp", [(LLAMA, 2, 1), (LLAMA, 2, 2), (GPT, 1, 1)])
+def test_forward_pass_equals_the_inference_estimate_task_by_task(model, tp, pp):
     system = load_system("h100_sxm")
     resolver = make_resolver(system)
     mbs, seq = 2, 256
     inference = estimate_step(EstimateRequest(model=model, device=system,
-                                              plan=ParallelPlan(tp=tp),
+                                              plan=ParallelPlan(tp=tp, pp=pp),
                                               batch=Batch.prefill(mbs, seq), logits="all"),
                               resolver)
     training = estimate_training(TrainingRequest(model=model, device=system,
-                                                 layout=TrainingLayout(tp=tp),
+                                                 layout=TrainingLayout(tp=tp, pp=pp),
                                                  global_batch_size=mbs, micro_batch_size=mbs,
                                                  seq_length=seq), resolver)
     inf = {ct.task.lineage: ct for ct in inference.costed.tasks}
-    fwd = {ct.task.lineage: ct for ct in training.costs[0].forward.tasks}
+    fwd = {ct.task.lineage: ct for cc in training.costs for ct in cc.forward.tasks}
     shared = inf.keys() & fwd.keys()
     # training drops the KV-cache writes and the logits all-gather (the loss is
     # vocab-parallel) and adds the loss and the dropouts its config declares
     assert {inf[k].task.operation for k in inf.keys() - shared} <= {"kv_cache_write",
-                                                                    "all_gather"}
+                                                                    "all_gather", "send_recv"}
     assert {fwd[k].task.group.split(".")[0] for k in fwd.keys() - shared} <= {"loss"} | (
         {"embed", "attn", "mlp"} if model is GPT else set())
     assert len(shared) >= 10
