@@ -14,8 +14,9 @@ derived from the forward tasks, so any family the inference builders know trains
   and outputs (saved input + output gradient), writes its inputs' gradients;
 * collectives are mirrored: all_reduce -> all_reduce, all_gather <-> reduce_scatter,
   all_to_all -> all_to_all (MoE dispatch and combine in both directions); the
-  vocab-parallel embedding's forward all-reduce has no backward (its gradient is local)
-  while the LM head's input gradient is all-reduced over TP; under sequence parallelism
+  vocab-parallel embedding's forward all-reduce and the loss's all-reduces have no
+  backward (their gradients are local) while the LM head's input gradient is all-reduced
+  over TP; under sequence parallelism
   each weighted GEMM whose input was all-gathered re-gathers it for its wgrad (Megatron
   keeps only the slice);
 * recompute: `full` re-runs each layer's forward tasks (`recompute.*`, same work and
@@ -46,7 +47,9 @@ MIRROR_COLLECTIVE = {"all_reduce": "all_reduce", "all_gather": "reduce_scatter",
 # forward groups training does not run, or whose backward is local
 DROPPED_OPERATIONS = frozenset({"kv_cache_write", "send_recv"})
 DROPPED_GROUPS = frozenset({"final.logits_all_gather"})
-NO_BACKWARD_GROUPS = frozenset({"embed.all_reduce"})
+# the vocab-parallel embedding's gradient is local; so is the vocab-parallel cross
+# entropy's (softmax - one-hot on each rank's vocabulary slice)
+NO_BACKWARD_GROUPS = frozenset({"embed.all_reduce", "loss.all_reduce"})
 # FLOPs of a backward task / forward FLOPs: model FLOPs (what the math needs) and hardware
 # FLOPs (what the kernel runs; FlashAttention recomputes QK^T in its backward)
 MODEL_BACKWARD_FACTOR = 2.0
@@ -258,7 +261,7 @@ def backward_tasks(forward: list[Task], num_layers: int, *, tp: int, sp: bool,
             r = _recompute_copy(t, num_layers, deps_map={}, keep_deps=deps)
             out.append(r)
             deps = deps + (r.lineage,)
-        if t.kind is TaskKind.VIEW or (t.group in NO_BACKWARD_GROUPS and not sp):
+        if t.kind is TaskKind.VIEW or t.group in NO_BACKWARD_GROUPS:
             grad_in[t.lineage] = deps
             continue
         if t.kind is TaskKind.COMMUNICATION:
