@@ -300,6 +300,20 @@ def convention_sensitivity(data, results: list[dict]) -> list[dict]:
     return out
 
 
+def code_version() -> dict:
+    """The commit the benchmark ran at and whether src/ differed from it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"],
+                               check=True, capture_output=True, text=True).stdout.split("\n")
+        return {"commit": head, "src_changes": len([x for x in dirty if x.strip()])}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "src_changes": None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -338,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         for row in sens:
             print(f"  {row['id']:<30} error {_pct(row['rel_error'])} -> "
                   f"{_pct(row['rel_error_causal_convention'])} (F x {row['flops_ratio']:.3f})")
-    print(f"wall time {wall:.1f} s for {sum(len(v) for v in results.values())} estimates")
+    version = code_version()
+    print(f"wall time {wall:.1f} s for {sum(len(v) for v in results.values())} estimates; "
+          f"code {version['commit'] or 'not a git checkout'}"
+          + (f" with {version['src_changes']} uncommitted change(s) under src/"
+             if version["src_changes"] else ""))
     sweep = []
     if args.sweep_virtual_pipeline:
         for r in runs:
@@ -358,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"  ({row['error']})" if row.get("rel_error") is None else ""))
     if args.json:
         args.json.write_text(json.dumps({
-            "data": str(args.data), "headline_mode": headline, "rows": results,
+            "data": str(args.data), "code": version, "headline_mode": headline,
+            "rows": results,
             "summary": summaries, "convention_sensitivity": sens,
             "virtual_pipeline_sweep": sweep, "wall_s": wall}, indent=2), encoding="utf-8")
     return 0

@@ -200,3 +200,48 @@ def test_cli_bad_sizes_name_the_flag(tmp_path):
                                    "--recompute", "some", "--calibration", "none"])
     assert out.exit_code == 2
     assert "--recompute" in out.output
+
+
+class _FakeRay:
+    """Enough of Ray's API for map_tasks: remote functions run when submitted, `wait`
+    hands refs back in reverse order (out of submission order, as a cluster may)."""
+
+    def __init__(self):
+        self.initialized = False
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kw):
+        self.initialized = True
+
+    def remote(self, fn):
+        class _Remote:
+            @staticmethod
+            def remote(arg):
+                return ("ref", fn(arg))
+        return _Remote
+
+    def wait(self, pending, num_returns=1):
+        return [pending[-1]], pending[:-1]
+
+    def get(self, ref):
+        return ref[1]
+
+
+def test_ray_executor_keeps_task_order(monkeypatch):
+    import sys
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    done = []
+    assert map_tasks(abs, [-1, -2, 3], "ray", None, done.append) == [1, 2, 3]
+    assert fake.initialized and done == [2, 1, 0]
+
+
+def test_ray_missing_says_how_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    with pytest.raises(ConfigError, match="pip install ray"):
+        map_tasks(abs, [1, 2], "ray", None)
