@@ -13,6 +13,8 @@ GPU; the error of per-GPU throughput equals that of step time.
 
 Where a source is silent the row's `assumed` values are used, else the estimator's
 defaults (V 1, micro-batch 1, SP off, recompute none, ZeRO 0); the table marks such rows.
+`--override FIELD=VALUE` replaces a layout field on the selected rows (an analysis, e.g.
+`--rows llama3-405b-8k-8192gpu --override sequence_parallel=true`).
 `--sweep-virtual-pipeline` re-runs the rows whose V is assumed with V = 1, 2, 4, 8 (an
 analysis of that assumption, not a choice among them).
 """
@@ -300,6 +302,25 @@ def convention_sensitivity(data, results: list[dict]) -> list[dict]:
     return out
 
 
+def override(run, items: list[str]):
+    """The row with layout fields replaced (`--override FIELD=VALUE`), for analysis."""
+    from dataclasses import fields, replace
+
+    if not items:
+        return run
+    names = {f.name for f in fields(run.layout)}
+    changes = {}
+    for item in items:
+        key, _, text = item.partition("=")
+        if key not in names or not text:
+            raise SystemExit(f"--override {item!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{sorted(names)}")
+        low = text.lower()
+        changes[key] = (low == "true") if low in ("true", "false") else (
+            int(text) if text.isdigit() else text)
+    return replace(run, layout=replace(run.layout, **changes))
+
+
 def code_version() -> dict:
     """The commit the benchmark ran at and whether src/ differed from it."""
     import subprocess
@@ -323,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="what answers the cost queries (the last is the headline)")
     ap.add_argument("--evidence-root", type=Path, default=EVIDENCE_ROOT,
                     help="AIConfigurator-layout folder of measured kernel tables")
+    ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="analysis: set a layout field on every selected row (e.g. "
+                         "sequence_parallel=true, tp_comm_overlap=false, virtual_pipeline=4)")
     ap.add_argument("--json", type=Path, help="write the per-row results and summary")
     ap.add_argument("--sweep-virtual-pipeline", action="store_true",
                     help="re-run the rows whose V is assumed with V = 1, 2, 4, 8")
@@ -331,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     from perfcast.training.published import load_published
 
     data = load_published(args.data)
-    runs = [r for r in data.runs if args.group in ("all", r.group)
-            and (not args.rows or r.id in args.rows)]
+    runs = [override(r, args.override) for r in data.runs
+            if args.group in ("all", r.group) and (not args.rows or r.id in args.rows)]
     t0 = time.perf_counter()
     results = {m: [estimate_row(r, mode=m, evidence_root=args.evidence_root) for r in runs]
                for m in args.modes}
