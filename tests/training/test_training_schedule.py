@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from perfcast.core.errors import ConfigError
 from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
 from perfcast.hardware import load_system
 from perfcast.plan.training import PassCosts, schedule_training, training_order
@@ -157,3 +158,22 @@ def test_context_parallel_ranks_each_compute_1_over_cp_of_the_work():
     gathers = [t for t in two.chunks[0].forward.tasks if t.group == "attn.cp_kv_all_gather"]
     assert gathers and gathers[0].work.participants == 2
     assert two.model_flops == pytest.approx(one.model_flops, rel=1e-12)
+
+
+def test_gradient_buckets_split_each_layer_into_equal_collectives():
+    kw = dict(model=LLAMA, device="h100_sxm", layout=TrainingLayout(dp=4), global_batch_size=4,
+              micro_batch_size=1, seq_length=256)
+    whole = estimate_training(TrainingRequest(**kw))
+    split = estimate_training(TrainingRequest(**kw, grad_bucket_params=10_000))
+
+    def buckets(r):
+        return {ct.task.layers is None: (ct.task.count, ct.task.work.message_bytes)
+                for ct in r.costs[0].backward_dp.tasks if ct.task.group.startswith("dp.")}
+
+    (n1, m1), (n2, m2) = buckets(whole)[False], buckets(split)[False]
+    # per layer 36,864 GEMM + 128 norm parameters, 2 bytes each; buckets of <= 10,000
+    per_layer = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 64 * 128 + 128 * 64 + 2 * 64)
+    assert (n1, m1) == (4, per_layer)
+    assert n2 == 4 * -(-per_layer // 2 // 10_000) and n2 * m2 == pytest.approx(4 * per_layer)
+    with pytest.raises(ConfigError, match="--ddp-bucket-size"):
+        estimate_training(TrainingRequest(**kw, grad_bucket_params=-1))

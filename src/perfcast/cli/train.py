@@ -54,6 +54,9 @@ def train_command(
     no_overlap_grad_reduce: Annotated[bool, typer.Option(
         "--no-overlap-grad-reduce", help="reduce gradients after the last backward pass "
                                          "instead of per layer during it")] = False,
+    ddp_bucket_size: Annotated[int, typer.Option(
+        "--ddp-bucket-size", help="DP gradient bucket in parameters (0: one bucket per "
+                                  "layer)")] = 0,
     tp_comm_overlap: Annotated[bool, typer.Option(
         "--tp-comm-overlap", help="pipeline TP collectives with their GEMMs (Megatron "
                                   "--tp-comm-overlap); default: exposed where the next op "
@@ -101,7 +104,8 @@ def train_command(
                                   micro_batch_size=micro_batch_size, seq_length=seq_length,
                                   dtype=dtype, context=context,
                                   overlap_grad_reduce=not no_overlap_grad_reduce,
-                                  tp_comm_overlap=tp_comm_overlap)
+                                  tp_comm_overlap=tp_comm_overlap,
+                                  grad_bucket_params=ddp_bucket_size)
         result = estimate_training(request, resolver)
         warning = evidence_silence(_AllOps(result), layer, context)
         if warning:

@@ -196,11 +196,19 @@ def _zero3_gathers(tasks: list[Task], runs: dict, layout: TrainingLayout, tiers:
 
 
 def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
-                       tiers: Tiers) -> list[Task]:
-    """One gradient collective per layer run (each layer's bucket, after its weight
-    gradients) and one for the parameters outside the layers: all-reduce (ZeRO-0) or
-    reduce-scatter (ZeRO-1/2/3) over dp x cp; expert gradients over dp x cp x tp / ep."""
+                       tiers: Tiers, bucket_params: int = 0) -> list[Task]:
+    """Gradient collectives per layer run (each layer's buckets, after its weight
+    gradients) and for the parameters outside the layers: all-reduce (ZeRO-0) or
+    reduce-scatter (ZeRO-1/2/3) over dp x cp; expert gradients over dp x cp x tp / ep.
+    `bucket_params` > 0 splits a layer's gradients into buckets of at most that many
+    parameters (n equal collectives per layer); 0: one bucket per layer. Buckets never
+    span layers."""
     op = "all_reduce" if layout.zero_stage == 0 else "reduce_scatter"
+
+    def split(params: float) -> tuple[int, float]:
+        n = max(1, -(-int(params) // bucket_params)) if bucket_params else 1
+        return n, params / n
+
     out = []
     wgrads: dict[str, list[Task]] = {}
     for t in backward:
@@ -215,21 +223,24 @@ def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
         first = producers[0]
         prefix = key + "." if key else ""
         count = first.count if first.layers is not None else 1
-        common = dict(layers=first.layers, count=count, devices=first.devices,
+        common = dict(layers=first.layers, devices=first.devices,
                       deps=tuple(p.lineage for p in producers), attributes={"async": True})
         if dense and layout.data_ranks > 1:
+            n, size = split(dense)
             out.append(collective_task(prefix + f"dp.grad_{op}", f"dp.grad_{op}", op,
-                                   dense * GRAD_BYTES, layout.data_ranks, tiers.dp, **common))
+                                       size * GRAD_BYTES, layout.data_ranks, tiers.dp,
+                                       count=count * n, **common))
         if expert and layout.expert_data_ranks > 1:
+            n, size = split(expert)
             out.append(collective_task(prefix + f"dp.expert_grad_{op}", f"dp.expert_grad_{op}",
-                                   op, expert * GRAD_BYTES, layout.expert_data_ranks,
-                                   tiers.dp, **common))
+                                       op, size * GRAD_BYTES, layout.expert_data_ranks,
+                                       tiers.dp, count=count * n, **common))
     return out
 
 
 def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tiers, *,
                 attention_kernel: str, attention_dropout: bool,
-                tp_comm_overlap: bool = False) -> ChunkGraphs:
+                tp_comm_overlap: bool = False, grad_bucket_params: int = 0) -> ChunkGraphs:
     """The ChunkGraphs of chunk `chunk` of the forward graph `graph` (all chunks)."""
     chunks = layout.chunks
     last = chunk == chunks - 1
@@ -247,7 +258,7 @@ def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tie
         backward = overlap_tp_comm(backward, layout.tp)
     forward = _zero3_gathers(forward, runs, layout, tiers, backward=False)
     backward = _zero3_gathers(backward, runs, layout, tiers, backward=True)
-    dp = _dp_gradient_tasks(backward, runs, layout, tiers)
+    dp = _dp_gradient_tasks(backward, runs, layout, tiers, grad_bucket_params)
     empty = MemoryFacts(weights=0.0, kv_cache=0.0, activations=0.0)
 
     def as_graph(tasks: list[Task], what: str) -> TaskGraph:

@@ -61,6 +61,9 @@ class TrainingRequest:
     # TP collectives pipelined with their GEMMs (Megatron --tp-comm-overlap); False: each
     # runs where the dependency graph puts it (exposed when the next op needs its result)
     tp_comm_overlap: bool = False
+    # DP gradient bucket size in parameters (Megatron --ddp-bucket-size); 0: one bucket per
+    # layer. A layer's gradients go as ceil(layer params / bucket) equal collectives.
+    grad_bucket_params: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,10 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
         raise ConfigError(f"has value {request.attention_kernel!r}", field="attention_kernel",
                           expected=" | ".join(ATTENTION_KERNELS))
     precision = training_precision(request.dtype)
+    bucket = request.grad_bucket_params
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+        raise ConfigError(f"has value {bucket!r}", field="--ddp-bucket-size",
+                          expected="a non-negative integer (parameters; 0: one per layer)")
     system = request.device if isinstance(request.device, System) \
         else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) \
@@ -264,7 +271,9 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
     attn_dropout = dropout_p(model, ATTN_DROPOUT_KEYS) > 0
     chunks = [build_chunk(graph, c, lay, tiers, attention_kernel=request.attention_kernel,
                           attention_dropout=attn_dropout,
-                          tp_comm_overlap=request.tp_comm_overlap) for c in range(lay.chunks)]
+                          tp_comm_overlap=request.tp_comm_overlap,
+                          grad_bucket_params=request.grad_bucket_params)
+              for c in range(lay.chunks)]
     resolver = resolver or make_resolver(system)
     ctx = request.context
     by_sig: dict[tuple, ChunkCosts] = {}
