@@ -49,9 +49,9 @@ def test_parse_sizes_lists_and_ranges():
 
 def test_enumeration_counts_by_hand():
     """8 GPUs, TP in 1,2,4,8 x PP in 1,2,4 with TP x PP dividing 8: (1,1) (1,2) (1,4) (2,1)
-    (2,2) (2,4) (4,1) (4,2) (8,1) = 9 splits; 4 layers divide every PP. Micro-batch 1 or 2
-    must divide 16 / DP: DP = 8 (16/8 = 2: both), 4, 2, 1 ... all divide, except none:
-    18 layouts. PP 4 with TP 4 would need 16 GPUs and is not generated."""
+    (2,2) (2,4) (4,1) (4,2) (8,1) = 9 splits (PP 4 with TP 4 would need 16); 4 layers
+    divide every PP; micro-batch x DP divides the global batch 16 for micro-batch 1 and 2
+    at every DP (8, 4, 2, 1): 9 x 2 = 18 layouts."""
     e = layout_choices(_space(), TINY)
     assert len(e.choices) == 18
     assert {(c.tp, c.pp, c.dp) for c in e.choices} == {

@@ -4,9 +4,11 @@ divide, estimate each one's training step, keep those that fit memory, rank them
 time and mark the Pareto front of step time against devices.
 
 Every layout is one `estimate_training` call through the same resolver as `perfcast
-train`. Layouts are evaluated in chunks that share one resolver (and its cache): in local
-processes (`executor="local"`), inline (`"inline"`), or on a Ray cluster (`"ray"`, optional
-extra: `pip install ray`).
+train`, except a dense layout whose weights, gradients and optimizer state alone exceed the
+device memory (`static_lower_bound_bytes`): it does not fit whatever its activations, and is
+not costed. Layouts are evaluated in chunks that share one resolver (and its cache): in
+local processes (`executor="local"`), inline (`"inline"`), or on a Ray cluster (`"ray"`,
+optional extra: `pip install ray`).
 """
 
 from __future__ import annotations
@@ -221,10 +223,9 @@ def evaluate_chunk(space: TrainSearchSpace, choices: Sequence[LayoutChoice]
     """Estimate a chunk of layouts with one shared resolver. A dense layout whose
     weights, gradients and optimizer state alone exceed the device's memory is marked
     `does_not_fit` from that bound, without costing its step."""
-    from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
-
     from perfcast.estimate import make_resolver
     from perfcast.hardware import load_system
+    from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
 
     model = space.model if isinstance(space.model, ModelSpec) else load_model_spec(space.model)
     system = load_system(space.device)
