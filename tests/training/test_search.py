@@ -245,3 +245,23 @@ def test_ray_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
     with pytest.raises(ConfigError, match="pip install ray"):
         map_tasks(abs, [1, 2], "ray", None)
+
+
+def test_moe_layouts_carve_ep_out_of_dp_times_tp():
+    """Mixtral-style tiny model, 8 GPUs, TP 1, PP 1 or 2: EP must be TP x a divisor of DP
+    (DP 8: EP 1, 2, 4, 8; DP 4: EP 1, 2, 4; EP 8 at DP 4 is refused and counted)."""
+    from .tiny_models import MIXTRAL
+
+    space = TrainSearchSpace(model=MIXTRAL, num_devices=(8,), global_batch_size=16,
+                             seq_length=512, tp_sizes=(1,), pp_sizes=(1, 2),
+                             ep_sizes=(1, 2, 4, 8), virtual_pipeline_sizes=(1,),
+                             micro_batch_sizes=(1,), sequence_parallel=(False,),
+                             recompute=("none",), zero_stages=(0,))
+    e = layout_choices(space, MIXTRAL)
+    assert sorted((c.pp, c.dp, c.ep) for c in e.choices) == [
+        (1, 8, 1), (1, 8, 2), (1, 8, 4), (1, 8, 8), (2, 4, 1), (2, 4, 2), (2, 4, 4)]
+    assert e.skipped == 1 and "--ep-size" in e.first_skip_reason
+    result = search(space, executor="inline")
+    assert all(c.ranked for c in result.candidates)
+    # the dense enumeration of the same space has no EP > 1 at all
+    assert {c.ep for c in layout_choices(space, TINY).choices} == {1}
