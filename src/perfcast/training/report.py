@@ -74,6 +74,8 @@ def training_json(result: TrainingResult, *, include_ops: bool = True) -> dict[s
         "critical_path": _compact_path(result),
         "pipeline": {"schedule": "interleaved-1f1b" if lay.virtual_pipeline > 1 else "1f1b",
                      "microbatches": result.microbatches, "instances": len(sched.labels),
+                     "scheduled_microbatches": sched.scheduled_microbatches
+                     or result.microbatches,
                      "bubble_s": {f"rank{d}": sched.bubble_s(d) for d in range(lay.pp)}},
         "resolver": result.costs[0].forward.resolver_identity,
     }
