@@ -188,6 +188,8 @@ def test_cli_json_lists_every_layout_and_the_front(tmp_path):
     steps = [c["step_time_s"] for c in front]
     assert steps == sorted(steps, reverse=True)   # more devices on the front: faster
     assert set(doc["best_per_budget"]) <= {"4", "8"}
+    # --calibration none: every answer is the analytic providers'
+    assert set(doc["provenance"]) <= {"roofline", "collective_model"} and doc["provenance"]
     for c in doc["candidates"]:
         assert set(c["breakdown_s"]) >= {"forward", "backward", "pp_bubble"}
         assert c["device_seconds"] == pytest.approx(c["step_time_s"] * c["num_devices"])

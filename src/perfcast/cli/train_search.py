@@ -185,7 +185,7 @@ def run_train_search(a: TrainSearchArgs, note=lambda text: None, on_start=None,
 
 def train_search_report(space, spec, system, result, top_n: int, calibration: str = "none",
                         evidence: tuple[str, ...] = ()) -> dict:
-    from perfcast.training.search import best_per_budget, failure_counts, ranked
+    from perfcast.training.search import best_per_budget, failure_counts, provenance, ranked
 
     cands = result.candidates
     best = ranked(cands)
@@ -206,6 +206,7 @@ def train_search_report(space, spec, system, result, top_n: int, calibration: st
                    "notes": list(spec.notes)},
         "calibration": calibration,
         "evidence": list(evidence),
+        "provenance": provenance(cands),
         "pareto": [c.to_json() for c in cands if c.pareto],
         "best_per_budget": {str(n): c.to_json() for n, c in best_per_budget(cands).items()},
         "top": [c.to_json() for c in best[:top_n]],
@@ -333,6 +334,10 @@ def print_train_search(doc: dict, console: Console) -> None:
                   "do not divide", highlight=False)
     for reason, n in doc["failures"].items():
         console.print(f"  {n:>5} {reason}: {FAILURE_REASONS[reason]}", highlight=False)
+    answers = doc["provenance"]
+    if answers:
+        console.print("cost answers: " + ", ".join(f"{k} {v:,}" for k, v in answers.items()),
+                      highlight=False)
     first = next((c for c in doc["candidates"] if c["failure"] == "invalid_layout"), None)
     if first:
         console.print(f"  first rejected: {first['label']} ({first['num_devices']} GPUs): "

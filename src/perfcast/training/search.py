@@ -129,6 +129,8 @@ class TrainCandidate:
     failure: str = ""                 # a key of FAILURE_REASONS, "" when ranked
     error: str = ""
     pareto: bool = False
+    # cost answers per provider (each distinct chunk pass's tasks counted once)
+    answered_by: dict = field(default_factory=dict)
 
     @property
     def ranked(self) -> bool:
@@ -260,10 +262,29 @@ def evaluate_chunk(space: TrainSearchSpace, choices: Sequence[LayoutChoice]
         cand.step_time_s, cand.tokens_per_s = res.step_time_s, res.tokens_per_s
         cand.mfu, cand.hfu, cand.fits = res.mfu, res.hfu, bool(res.fits)
         cand.memory_bytes, cand.breakdown_s = dict(res.memory_bytes), dict(res.breakdown_s)
+        cand.answered_by = _answers(res)
         if not cand.fits:
             cand.failure = "does_not_fit"
         out.append(cand)
     return out
+
+
+def _answers(res) -> dict[str, int]:
+    counts: Counter = Counter()
+    for cc in {id(c): c for c in res.costs}.values():
+        for g in (cc.forward, cc.backward_dp):
+            counts.update(ct.resolution.estimate.provider for ct in g.tasks)
+    for g in res.optimizer_costed:
+        counts.update(ct.resolution.estimate.provider for ct in g.tasks)
+    return dict(sorted(counts.items()))
+
+
+def provenance(cands: Sequence[TrainCandidate]) -> dict[str, int]:
+    """Cost answers per provider summed over the estimated layouts."""
+    total: Counter = Counter()
+    for c in cands:
+        total.update(c.answered_by)
+    return dict(total.most_common())
 
 
 def _run_chunk(args: tuple[TrainSearchSpace, Sequence[LayoutChoice]]) -> list[TrainCandidate]:
