@@ -40,8 +40,10 @@ def errors(driver) -> list[str]:
 def open_page(driver, server, path: str) -> None:
     driver.get_log("browser")  # drop what earlier pages logged
     driver.get(server["url"] + path)
+    # rendered, and connected: an event sent before the handshake is lost
     until(lambda: driver.execute_script(
-        "return document.querySelector('.q-header') !== null"), what=f"{path} to render")
+        "return document.querySelector('.q-header') !== null && window.did_handshake === true"),
+        what=f"{path} to render and connect")
 
 
 def points(driver, testid: str) -> int:
@@ -61,7 +63,8 @@ def wait_points(driver, testid: str, at_least: int = 1) -> int:
 def css(driver, selector: str):
     from selenium.webdriver.common.by import By
 
-    return driver.find_element(By.CSS_SELECTOR, selector)
+    return until(lambda: driver.find_elements(By.CSS_SELECTOR, selector),
+                 what=selector)[0]
 
 
 def fill(driver, testid: str, value) -> None:

@@ -14,6 +14,10 @@ def create(wb: Workbench):
     from perfcast.workbench.api import build_router, install_error_handler
     from perfcast.workbench.jobs import JobManager
 
+    import perfcast.cli.estimate  # noqa: F401 - the cost path, imported at start rather
+    import perfcast.report.step  # noqa: F401   than on the first request
+    import perfcast.serving.deploy  # noqa: F401
+
     jobs = JobManager()
     app.include_router(build_router(wb, jobs))
     install_error_handler(app)
@@ -87,6 +91,8 @@ def serve(wb: Workbench, *, host: str = "127.0.0.1", port: int = 8080) -> None:
     create(wb)
     print(f"perfcast workbench on http://{host}:{port}/ (API: /api, OpenAPI: /docs; "
           f"evidence store {wb.evidence_path})", flush=True)
+    # tailwind=False: Quasar's classes only (the in-browser Tailwind compiler costs about
+    # half a second per page load)
     ui.run(host=host, port=port, reload=False, show=False, title="perfcast workbench",
-           show_welcome_message=False, favicon="📈",
+           show_welcome_message=False, favicon="📈", tailwind=False,
            uvicorn_logging_level="warning")

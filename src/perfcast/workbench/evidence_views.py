@@ -54,10 +54,25 @@ def line_axis(operation: str) -> str | None:
     return spec.axes[0].name if spec else None
 
 
+def read(db: PerformanceDatabase, columns: list[str] | None = None, expr=None) -> pa.Table:
+    """The rows matching `expr` (a pyarrow.compute expression), only `columns`: a
+    snapshot not yet read reads just those from its file (row-group statistics skip the
+    rest), so a page over a 3-million-row snapshot never loads it whole."""
+    names = [*db.selector_columns, "operation", "hardware", "dtype", "latency_s", "record_id"]
+    cols = [c for c in (columns or names) if c in names]
+    if db.is_lazy:
+        import pyarrow.dataset as ds
+
+        return ds.dataset(db._lazy.path, format="parquet").to_table(columns=cols, filter=expr)
+    table = db.table if expr is None else db.table.filter(expr)
+    return table.select(cols)
+
+
 def heatmap(db: PerformanceDatabase) -> dict:
     """{"families": [label...], "regions": [2**i ...], "counts": [[rows]]}: rows per
     (operation, dtype) family and log2 bucket of its line axis."""
-    table = db.table
+    axes = sorted({f"sel.int.{spec.axes[0].name}" for spec in SPECS.values()})
+    table = read(db, ["operation", "dtype", "latency_s", *axes])
     fams: dict[tuple[str, str], Counter] = {}
     for (op,), part in _groups(table, ["operation"]):
         axis = line_axis(op)
@@ -91,11 +106,10 @@ def _groups(table: pa.Table, keys: list[str]):
 
 
 def _family_rows(db: PerformanceDatabase, operation: str, dtype: str, hardware: str | None):
-    t = db.table
-    mask = pc.and_(pc.equal(t["operation"], operation), pc.equal(t["dtype"], dtype))
+    expr = (pc.field("operation") == operation) & (pc.field("dtype") == dtype)
     if hardware:
-        mask = pc.and_(mask, pc.equal(t["hardware"], hardware))
-    part = t.filter(mask)
+        expr = expr & (pc.field("hardware") == hardware)
+    part = read(db, None, expr)
     cols = [c for c in part.column_names if c.startswith("sel.")
             and part[c].null_count < part.num_rows]
     return part, cols
@@ -209,11 +223,10 @@ def neighbours(db: PerformanceDatabase, spec: dict, hardware: str, n: int = 8) -
     |log(row / query)| over the dims both have); each with record id and latency."""
     from perfcast.core.dtypes import parse_dtype
 
-    t = db.table
     dtype = parse_dtype(spec.get("dtype", "bf16"), field="dtype").value
-    mask = pc.and_(pc.equal(t["operation"], spec.get("operation", "")),
-                   pc.equal(t["dtype"], dtype))
-    mask = pc.and_(mask, pc.equal(t["hardware"], hardware))
+    t = read(db, None, (pc.field("operation") == spec.get("operation", ""))
+             & (pc.field("dtype") == dtype) & (pc.field("hardware") == hardware))
+    mask = pc.equal(t["hardware"], hardware)
     dims = dict(spec.get("dims") or {})
     strings = {k: v for k, v in dims.items() if isinstance(v, str)}
     for field_name, sel in (("runtime", "runtime"), ("runtime_version", "runtime_revision"),

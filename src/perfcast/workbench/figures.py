@@ -136,7 +136,7 @@ def pareto_figure(doc: dict) -> dict:
     data = []
     for name, idx in groups.items():
         idx = sorted(idx, key=lambda i: rows[i]["tokens_per_s_per_user"])
-        data.append({"type": "scattergl" if len(idx) > 500 else "scatter",
+        data.append({"type": "scatter",  # SVG: WebGL is software-rendered headless
                      "mode": "lines+markers" if name == "Pareto frontier" else "markers",
                      "name": name, "x": [rows[i]["tokens_per_s_per_user"] for i in idx],
                      "y": [rows[i]["tokens_per_s_per_gpu"] for i in idx],

@@ -16,6 +16,7 @@ class Workbench:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _dbs: dict = field(default_factory=dict, repr=False)
     _resolvers: dict = field(default_factory=dict, repr=False)
+    _views: dict = field(default_factory=dict, repr=False)
 
     # --- stores (opened per call: another process may import meanwhile) ---
     def evidence_store(self):
@@ -88,3 +89,13 @@ class Workbench:
             with self._lock:
                 self._resolvers[key] = hit
         return hit
+
+    def cached(self, key: tuple, compute):
+        """`compute()` once per key (keys start with a snapshot digest: immutable)."""
+        with self._lock:
+            if key in self._views:
+                return self._views[key]
+        value = compute()
+        with self._lock:
+            self._views[key] = value
+        return value

@@ -13,15 +13,15 @@ def revision_view(doc: dict) -> None:
     from nicegui import ui
 
     ui.label(f"revision {doc['revision']} ({doc['name']}, perfcast {doc['code_version']})") \
-        .classes("font-bold").props('data-testid="revision"')
+        .classes("text-bold").props('data-testid="revision"')
     for part in doc["parts"]:
         proc = part.get("procedure", {})
         ui.label(f"{part['name']}: {proc.get('name', '')} v{proc.get('version', '')}") \
-            .classes("font-bold mt-2")
+            .classes("text-bold q-mt-sm")
         for key, val in part.get("fitted_on", {}).items():
             if isinstance(val, list):
                 ui.label(f"fitted on {key}: " + ", ".join(map(str, val[:8]))
-                         + (f" (+{len(val) - 8})" if len(val) > 8 else "")).classes("text-xs")
+                         + (f" (+{len(val) - 8})" if len(val) > 8 else "")).classes("text-caption")
         ui.table(columns=[{"name": k, "label": k, "field": k, "sortable": True, "align": "left"}
                           for k in ("name", "value", "std", "unit", "bounds")],
                  rows=[{"name": p["name"], "value": f"{p['value']:.4g}",
@@ -29,7 +29,7 @@ def revision_view(doc: dict) -> None:
                         "unit": p.get("unit", ""),
                         "bounds": f"[{p.get('lower', '')}, {p.get('upper', '')}]"}
                        for p in part["parameters"]], row_key="name", pagination=10,
-                 title="parameters").classes("w-full").props('data-testid="parameters"')
+                 title="parameters").classes("full-width").props('data-testid="parameters"')
         cv = part.get("cv", {})
         schemes = cv.get("schemes") or ([cv] if "folds" in cv and "group_by" in cv
                                         and cv["folds"] and "group" in cv["folds"][0]
@@ -45,7 +45,7 @@ def revision_view(doc: dict) -> None:
                             "held-out TPOT": pct(f["held_out"].get("tpot_mape"))}
                            for f in scheme["folds"]], row_key="held out",
                      title=f"cross-validation: leave one {scheme.get('group_by', '?')} out") \
-                .classes("w-full").props('data-testid="cv"')
+                .classes("full-width").props('data-testid="cv"')
         if not schemes and "folds" in cv:
             rows = []
             for f in cv["folds"]:
@@ -59,7 +59,7 @@ def revision_view(doc: dict) -> None:
                      rows=[dict(r, i=i) for i, r in enumerate(rows)], row_key="i",
                      pagination=10,
                      title=f"cross-validation: leave one {cv.get('group_by', '?')} out") \
-                .classes("w-full").props('data-testid="cv"')
+                .classes("full-width").props('data-testid="cv"')
 
 
 def register(wb, jobs) -> None:
@@ -83,20 +83,20 @@ def register(wb, jobs) -> None:
                         "where": r["where"], "parts": ", ".join(r["parts"]),
                         "parameters": r["parameters"], "key": r["revision"]}
                        for r in revisions], row_key="key", title="calibration revisions") \
-            .classes("w-full").props('data-testid="revisions"')
+            .classes("full-width").props('data-testid="revisions"')
         ui.table(columns=[{"name": k, "label": k, "field": k, "sortable": True, "align": "left"}
                           for k in ("set", "kind", "rows", "system", "sources")],
                  rows=[{"set": o["observation_set"][7:19], "kind": o.get("kind", "?"),
                         "rows": o.get("rows", "?"), "system": o.get("system", "?"),
                         "sources": o.get("sources", o.get("error", "")),
                         "key": o["observation_set"]} for o in observations],
-                 row_key="key", title="observation sets").classes("w-full") \
+                 row_key="key", title="observation sets").classes("full-width") \
             .props('data-testid="observations"')
         options = {r["revision"]: f"{r['revision'][7:19]} {r['name']} ({r['where']})"
                    for r in revisions}
         rev_sel = ui.select(options, value=revisions[0]["revision"], label="revision") \
-            .classes("w-[32rem]")
-        rev_box = ui.column().classes("w-full")
+            .style("width: 32rem")
+        rev_box = ui.column().classes("full-width")
 
         def show_revision() -> None:
             rev_box.clear()
@@ -113,20 +113,20 @@ def register(wb, jobs) -> None:
         rev_sel.on_value_change(show_revision)
         show_revision()
 
-        ui.label("predicted vs measured (validate silicon)").classes("text-lg font-bold mt-4")
-        with ui.row().classes("items-end gap-3"):
-            file = ui.input("silicon CSV").classes("w-[32rem]").props('data-testid="silicon-file"')
+        ui.label("predicted vs measured (validate silicon)").classes("text-h6 text-bold q-mt-md")
+        with ui.row().classes("items-end"):
+            file = ui.input("silicon CSV").style("width: 32rem").props('data-testid="silicon-file"')
             mode = ui.select({"": "all", "agg": "agg", "disagg": "disagg"}, value="",
-                             label="mode").classes("w-24")
-            before = ui.input("before (revision)", value="none").classes("w-36") \
+                             label="mode").style("width: 6rem")
+            before = ui.input("before (revision)", value="none").style("width: 9rem") \
                 .props('data-testid="before"')
-            after = ui.input("after (revision)", value="default").classes("w-36")
+            after = ui.input("after (revision)", value="default").style("width: 9rem")
             go = ui.button("validate").props('data-testid="run-validate"')
             stop = ui.button("cancel", color="negative")
             stop.disable()
-        progress = ui.linear_progress(value=0, show_value=False).classes("w-full")
+        progress = ui.linear_progress(value=0, show_value=False).classes("full-width")
         status = ui.label("").props('data-testid="validate-status"')
-        out = ui.column().classes("w-full")
+        out = ui.column().classes("full-width")
         state: dict = {"jobs": {}}
 
         def poll() -> None:
@@ -155,7 +155,7 @@ def register(wb, jobs) -> None:
                     traces = []
                     for label, doc in results.items():
                         traces += figures.scatter_figure(doc["rows"], metric, f"{label}: ")
-                    ui.plotly(figures.validation_figure(traces, metric)).classes("w-full") \
+                    ui.plotly(figures.validation_figure(traces, metric)).classes("full-width") \
                         .props(f'data-testid="scatter-{metric}"')
                 rows = []
                 for label, doc in results.items():
@@ -169,7 +169,7 @@ def register(wb, jobs) -> None:
                 ui.table(columns=[{"name": k, "label": k, "field": k, "sortable": True,
                                    "align": "left"} for k in rows[0]] if rows else [],
                          rows=[dict(r, i=i) for i, r in enumerate(rows)], row_key="i",
-                         title="per system x model x backend").classes("w-full") \
+                         title="per system x model x backend").classes("full-width") \
                     .props('data-testid="validate-summary"')
 
         timer = ui.timer(0.3, poll, active=False)

@@ -15,13 +15,21 @@ def header(current: str) -> None:
     from perfcast.workbench.pages import PAGES
 
     ui.page_title(f"{current} - {TITLE}")
-    with ui.header().classes("items-center gap-6 bg-slate-800 text-white"):
-        ui.label(TITLE).classes("text-lg font-bold")
+    with ui.header().classes("items-center bg-blue-grey-10 text-white"):
+        ui.label(TITLE).classes("text-h6 text-bold")
         for path, name in PAGES:
-            link = ui.link(name, path).classes("text-white no-underline")
+            link = ui.link(name, path).classes("text-white").style("text-decoration: none")
             if name == current:
-                link.classes("font-bold underline")
-        ui.link("API", "/docs").classes("text-white no-underline ml-auto")
+                link.classes("text-bold").style("text-decoration: underline")
+        ui.link("API", "/docs").classes("text-white").style("text-decoration: none; margin-left: auto")
+
+
+def preload_plots() -> None:
+    """An empty, hidden plot: plotly.js (a few MB) loads while the form is filled, not
+    when the first result arrives."""
+    from nicegui import ui
+
+    ui.plotly({"data": [], "layout": {}, "config": {"responsive": False}}).classes("hidden")
 
 
 def show_error(container, exc: BaseException) -> None:
@@ -32,7 +40,7 @@ def show_error(container, exc: BaseException) -> None:
         f"error: {type(exc).__name__}: {exc}"
     container.clear()
     with container:
-        ui.label(text).classes("text-red-700 font-mono whitespace-pre-wrap").props(
+        ui.label(text).classes("text-negative").style("font-family: monospace; white-space: pre-wrap").props(
             'data-testid="error"')
     ui.notify(text, type="negative", multi_line=True)
 
@@ -41,7 +49,7 @@ def json_block(doc) -> None:
     from nicegui import ui
 
     ui.code(json.dumps(doc, indent=1, sort_keys=True, default=str), language="json") \
-        .classes("w-full max-h-96 overflow-auto text-xs")
+        .classes("full-width text-caption").style("max-height: 24rem; overflow: auto")
 
 
 def us(seconds) -> str:

@@ -7,7 +7,7 @@ import json
 
 from perfcast.cli.estimate import EstimateArgs, estimate_record, run_estimate
 from perfcast.workbench import figures
-from perfcast.workbench.pages.common import devices, header, json_block, models, show_error, us
+from perfcast.workbench.pages.common import preload_plots, devices, header, json_block, models, show_error, us
 
 
 def estimate_with_timeline(wb, args: EstimateArgs) -> tuple[dict, list[dict]]:
@@ -40,32 +40,33 @@ def register(wb, jobs) -> None:
     @ui.page("/estimate")
     def estimate_page() -> None:
         header("Estimate")
+        preload_plots()
         snapshots = {"": "(none: analytic and calibrated only)"}
         snapshots.update({m["digest"]: f"{m['digest'][7:19]} {m.get('name', '')}"
                           for m in wb.evidence_store().list()})
-        with ui.row().classes("items-end gap-3 w-full"):
+        with ui.row().classes("items-end full-width"):
             model = ui.select(models(), value="meta-llama/Llama-3.1-8B", label="model",
                               with_input=True, new_value_mode="add-unique") \
-                .classes("w-72").props('data-testid="model"')
-            device = ui.select(devices(), value="h100_sxm", label="device").classes("w-40")
-            tp = ui.number("TP", value=1, min=1, precision=0).classes("w-20") \
+                .style("width: 18rem").props('data-testid="model"')
+            device = ui.select(devices(), value="h100_sxm", label="device").style("width: 10rem")
+            tp = ui.number("TP", value=1, min=1, precision=0).style("width: 5rem") \
                 .props('data-testid="tp"')
-            pp = ui.number("PP", value=1, min=1, precision=0).classes("w-20")
-            nq = ui.number("requests", value=1, min=1, precision=0).classes("w-24") \
+            pp = ui.number("PP", value=1, min=1, precision=0).style("width: 5rem")
+            nq = ui.number("requests", value=1, min=1, precision=0).style("width: 6rem") \
                 .props('data-testid="num-queries"')
-            ql = ui.number("query length", value=1024, min=1, precision=0).classes("w-28")
-            cl = ui.number("context length", value=0, min=0, precision=0).classes("w-28")
+            ql = ui.number("query length", value=1024, min=1, precision=0).style("width: 7rem")
+            cl = ui.number("context length", value=0, min=0, precision=0).style("width: 7rem")
             decode = ui.checkbox("decode")
-        with ui.row().classes("items-end gap-3 w-full"):
+        with ui.row().classes("items-end full-width"):
             evidence = ui.select(snapshots, value="", label="evidence snapshot") \
-                .classes("w-96")
-            runtime = ui.input("runtime").classes("w-28")
-            version = ui.input("runtime version").classes("w-28")
+                .style("width: 24rem")
+            runtime = ui.input("runtime").style("width: 7rem")
+            version = ui.input("runtime version").style("width: 7rem")
             impl = ui.input("implementation (KERNEL or OP=KERNEL, comma-separated)") \
-                .classes("w-80")
-            calibration = ui.input("calibration", value="default").classes("w-40")
+                .style("width: 20rem")
+            calibration = ui.input("calibration", value="default").style("width: 10rem")
             go = ui.button("estimate").props('data-testid="run-estimate"')
-        out = ui.column().classes("w-full")
+        out = ui.column().classes("full-width")
         state: dict = {}
 
         def args() -> EstimateArgs:
@@ -91,17 +92,17 @@ def register(wb, jobs) -> None:
                 ui.label(f"{doc['model']} on {doc['device']}: step {doc['latency_s'] * 1e3:.3f} "
                          f"ms, {doc['tokens_per_s_per_device']:,.1f} tokens/s per device, "
                          f"calibration {doc['calibration']['revision'][:19]}") \
-                    .classes("text-lg font-bold").props('data-testid="estimate-summary"')
+                    .classes("text-h6 text-bold").props('data-testid="estimate-summary"')
                 for w in doc["warnings"]:
-                    ui.label(f"warning: {w}").classes("text-orange-700")
-                ui.plotly(figures.memory_figure(doc)).classes("w-full") \
+                    ui.label(f"warning: {w}").classes("text-warning")
+                ui.plotly(figures.memory_figure(doc)).classes("full-width") \
                     .props('data-testid="memory"')
                 ui.table(columns=[{"name": k, "label": label, "field": k, "sortable": True,
                                    "align": "left"} for k, label in OP_COLUMNS],
                          rows=op_rows(doc), row_key="i", pagination=25) \
-                    .classes("w-full").props('data-testid="ops"')
+                    .classes("full-width").props('data-testid="ops"')
                 if events:
-                    ui.plotly(figures.timeline_figure(events)).classes("w-full") \
+                    ui.plotly(figures.timeline_figure(events)).classes("full-width") \
                         .props('data-testid="timeline"')
                 ui.button("download Chrome trace (every layer)", on_click=download) \
                     .props('data-testid="trace"')

@@ -13,7 +13,7 @@ def register(wb, jobs) -> None:
     @ui.page("/evidence")
     async def evidence_page() -> None:
         header("Evidence")
-        ui.label(f"evidence store: {wb.evidence_path}").classes("text-sm text-gray-600")
+        ui.label(f"evidence store: {wb.evidence_path}").classes("text-body2 text-grey-7")
         try:
             rows = views.catalog(wb.evidence_store().list())
         except Exception as exc:  # noqa: BLE001 - shown to the user
@@ -34,31 +34,32 @@ def register(wb, jobs) -> None:
                        + (f" (+{len(r['source_revisions']) - 6})"
                           if len(r["source_revisions"]) > 6 else "")} for r in rows]
         ui.table(columns=cols, rows=table_rows, row_key="digest", title="snapshots") \
-            .classes("w-full").props('data-testid="catalog"')
+            .classes("full-width").props('data-testid="catalog"')
 
         options = {r["digest"]: f"{r['digest'][7:19]} {r['name']}" for r in rows}
-        with ui.row().classes("items-end gap-4"):
+        with ui.row().classes("items-end"):
             snap = ui.select(options, value=rows[0]["digest"], label="snapshot") \
-                .classes("w-96").props('data-testid="snapshot"')
+                .style("width: 24rem").props('data-testid="snapshot"')
             family = ui.select(list(views.CURVE_FAMILIES), value="gemm", label="kernel family") \
-                .classes("w-40")
-            dtype = ui.select(["bf16"], value="bf16", label="dtype").classes("w-32")
-            curve_sel = ui.select({}, label="curve").classes("w-[40rem]") \
+                .style("width: 10rem")
+            dtype = ui.select(["bf16"], value="bf16", label="dtype").style("width: 8rem")
+            curve_sel = ui.select({}, label="curve").style("width: 40rem") \
                 .props('data-testid="curve-select"')
-        heat_box = ui.column().classes("w-full")
-        curve_box = ui.column().classes("w-full")
+        heat_box = ui.column().classes("full-width")
+        curve_box = ui.column().classes("full-width")
         state: dict = {"series": []}
 
         async def load_snapshot() -> None:
             heat_box.clear()
             try:
                 digest, db = await run.io_bound(wb.database, snap.value)
-                h = await run.io_bound(views.heatmap, db)
+                h = await run.io_bound(wb.cached, (digest, "heatmap"),
+                                       lambda: views.heatmap(db))
             except Exception as exc:  # noqa: BLE001
                 show_error(heat_box, exc)
                 return
             with heat_box:
-                ui.plotly(figures.heatmap_figure(h)).classes("w-full") \
+                ui.plotly(figures.heatmap_figure(h)).classes("full-width") \
                     .props('data-testid="heatmap"')
             dtypes = sorted({f.split(" ")[1] for f in h["families"]
                              if f.split(" ")[0] == family.value}) or ["bf16"]
@@ -69,9 +70,10 @@ def register(wb, jobs) -> None:
 
         async def load_series() -> None:
             try:
-                _, db = await run.io_bound(wb.database, snap.value)
-                state["series"] = await run.io_bound(views.series, db, family.value,
-                                                     dtype.value)
+                digest, db = await run.io_bound(wb.database, snap.value)
+                op, dt = family.value, dtype.value
+                state["series"] = await run.io_bound(wb.cached, (digest, "series", op, dt),
+                                                     lambda: views.series(db, op, dt))
             except Exception as exc:  # noqa: BLE001
                 show_error(curve_box, exc)
                 return
@@ -96,13 +98,15 @@ def register(wb, jobs) -> None:
                 digest, db = await run.io_bound(wb.database, snap.value)
                 resolvers = await run.io_bound(wb.curve_resolvers, digest,
                                                s["key"]["hardware"])
-                c = await run.io_bound(views.curve, db, digest, family.value, dtype.value,
-                                       s["key"], resolvers)
+                op, dt, key = family.value, dtype.value, s["key"]
+                c = await run.io_bound(
+                    wb.cached, (digest, "curve", op, dt, tuple(sorted(key.items()))),
+                    lambda: views.curve(db, digest, op, dt, key, resolvers))
             except Exception as exc:  # noqa: BLE001
                 show_error(curve_box, exc)
                 return
             with curve_box:
-                ui.plotly(figures.curve_figure(c)).classes("w-full") \
+                ui.plotly(figures.curve_figure(c)).classes("full-width") \
                     .props('data-testid="kernel-curve"')
 
         def unless_quiet(handler):
@@ -115,4 +119,6 @@ def register(wb, jobs) -> None:
         family.on_value_change(unless_quiet(load_snapshot))
         dtype.on_value_change(unless_quiet(load_series))
         curve_sel.on_value_change(unless_quiet(draw_curve))
+        # the catalog goes out at once; the heatmap and curves follow over the websocket
+        await ui.context.client.connected()
         await load_snapshot()

@@ -53,11 +53,11 @@ def register(wb, jobs) -> None:
             ui.label("The evidence store is empty: nothing to query.")
             return
         options = {m["digest"]: f"{m['digest'][7:19]} {m.get('name', '')}" for m in manifests}
-        with ui.row().classes("w-full gap-8"):
-            with ui.column().classes("w-96"):
-                ui.label("build a query").classes("font-bold")
+        with ui.row().classes("full-width"):
+            with ui.column().style("width: 24rem"):
+                ui.label("build a query").classes("text-bold")
                 snap = ui.select(options, value=manifests[0]["digest"], label="snapshot") \
-                    .classes("w-full")
+                    .classes("full-width")
                 op = ui.input("operation", value="gemm")
                 dtype = ui.input("dtype", value="bf16")
                 hardware = ui.input("hardware (empty: the snapshot's system)")
@@ -65,7 +65,7 @@ def register(wb, jobs) -> None:
                 version = ui.input("runtime_version")
                 impl = ui.input("implementation")
                 dims = ui.input("dims (NAME=VALUE ...)", value="m=100 n=4096 k=4096") \
-                    .classes("w-full")
+                    .classes("full-width")
                 policy = ui.select(["exact", "interpolate", "extrapolate"], value="interpolate",
                                    label="policy")
 
@@ -86,17 +86,17 @@ def register(wb, jobs) -> None:
                     text.set_value(json.dumps(body, indent=1))
 
                 ui.button("to JSON", on_click=build)
-            with ui.column().classes("flex-grow"):
+            with ui.column().classes("col-grow"):
                 ui.label("or paste one (the fields of an `evidence query --queries` line, "
-                         "plus policy)").classes("font-bold")
+                         "plus policy)").classes("text-bold")
                 try:
                     example = example_query(wb.database(manifests[0]["digest"])[1])
                 except Exception:  # noqa: BLE001 - an unreadable snapshot: the static one
                     example = dict(EXAMPLE)
                 text = ui.textarea(value=json.dumps(example, indent=1)) \
-                    .classes("w-full font-mono").props('rows=10 data-testid="query-json"')
+                    .classes("full-width").style("font-family: monospace").props('rows=10 data-testid="query-json"')
                 go = ui.button("resolve").props('data-testid="resolve"')
-        out = ui.column().classes("w-full")
+        out = ui.column().classes("full-width")
 
         async def resolve_clicked() -> None:
             out.clear()
@@ -112,22 +112,22 @@ def register(wb, jobs) -> None:
                 show_error(out, exc)
                 return
             with out:
-                with ui.card().classes("w-full").props('data-testid="chosen"'):
+                with ui.card().classes("full-width").props('data-testid="chosen"'):
                     ui.label(f"{us(record['latency_s'])} us   {record['method']} "
                              f"({record['match_kind']})   provider {record['provider']}   "
                              f"confidence {record['confidence']:.2f}   on {hw}") \
-                        .classes("text-lg font-bold")
+                        .classes("text-h6 text-bold")
                     ui.label(f"provider revision {record['provider_revision']}   source "
                              f"revision {record['source_revision']}   query "
-                             f"{record['query_digest'][:19]}").classes("text-sm")
-                ui.label("resolver attempts (in order)").classes("font-bold")
+                             f"{record['query_digest'][:19]}").classes("text-body2")
+                ui.label("resolver attempts (in order)").classes("text-bold")
                 ui.table(columns=[{"name": k, "label": k, "field": k, "align": "left"}
                                   for k in ("provider", "outcome", "reason")],
                          rows=[dict(a, i=i) for i, a in enumerate(record["attempts"])],
-                         row_key="i").classes("w-full").props('data-testid="attempts"')
+                         row_key="i").classes("full-width").props('data-testid="attempts"')
                 ui.label("raw record ids: " + (", ".join(record["raw_record_ids"]) or "none "
-                                                "(an analytic answer)")).classes("font-mono")
-                ui.label("nearest measured rows of the family").classes("font-bold")
+                                                "(an analytic answer)")).style("font-family: monospace")
+                ui.label("nearest measured rows of the family").classes("text-bold")
                 ui.table(columns=[{"name": k, "label": k, "field": k, "align": "left",
                                    "sortable": True}
                                   for k in ("record_id", "latency_us", "dims", "distance")],
@@ -135,8 +135,8 @@ def register(wb, jobs) -> None:
                                 "dims": " ".join(f"{k}={v}" for k, v in n["dims"].items()),
                                 "distance": f"{n['distance']:.3f}", "i": i}
                                for i, n in enumerate(near)],
-                         row_key="i").classes("w-full").props('data-testid="neighbours"')
-                ui.label("the record (evidence query --format json)").classes("font-bold")
+                         row_key="i").classes("full-width").props('data-testid="neighbours"')
+                ui.label("the record (evidence query --format json)").classes("text-bold")
                 json_block(record)
 
         go.on_click(resolve_clicked)

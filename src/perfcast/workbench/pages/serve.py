@@ -8,7 +8,7 @@ from perfcast.cli.search import SearchArgs
 from perfcast.cli.serve import METRIC_ROWS, ServeArgs, run_serve
 from perfcast.serving.provenance import provenance_lines
 from perfcast.workbench import figures
-from perfcast.workbench.pages.common import devices, header, json_block, models, show_error
+from perfcast.workbench.pages.common import preload_plots, devices, header, json_block, models, show_error
 
 SCALARS = ("throughput_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
            "request_throughput_per_s", "completed_requests", "rejected_requests",
@@ -27,14 +27,14 @@ def metrics_view(metrics: dict, testid: str) -> None:
                       for k in ("metric", "mean", "p50", "p90", "p99")],
              rows=rows, row_key="metric", title="request latency (ms)") \
         .props(f'data-testid="{testid}"')
-    with ui.grid(columns=4).classes("gap-x-6 text-sm"):
+    with ui.grid(columns=4).classes("text-body2").style("column-gap: 1.5rem"):
         for key in SCALARS:
             v = metrics[key]
             ui.label(key)
-            ui.label(f"{v:,.3f}" if isinstance(v, float) else str(v)).classes("font-mono")
-    ui.label("numbers from").classes("font-bold")
+            ui.label(f"{v:,.3f}" if isinstance(v, float) else str(v)).style("font-family: monospace")
+    ui.label("numbers from").classes("text-bold")
     for line in provenance_lines(metrics["provenance"]):
-        ui.label(line).classes("font-mono text-xs")
+        ui.label(line).classes("text-caption").style("font-family: monospace")
 
 
 def register(wb, jobs) -> None:
@@ -43,31 +43,32 @@ def register(wb, jobs) -> None:
     @ui.page("/serve")
     async def serve_page(job: str | None = None) -> None:
         header("Serve and search")
-        with ui.row().classes("items-end gap-3 w-full"):
+        preload_plots()
+        with ui.row().classes("items-end full-width"):
             model = ui.select(models(), value="meta-llama/Llama-3.1-8B", label="model",
-                              with_input=True, new_value_mode="add-unique").classes("w-72")
-            device = ui.select(devices(), value="h100_sxm", label="device").classes("w-40")
+                              with_input=True, new_value_mode="add-unique").style("width: 18rem")
+            device = ui.select(devices(), value="h100_sxm", label="device").style("width: 10rem")
             backend = ui.select(["vllm", "sglang", "trtllm"], value="vllm", label="backend") \
-                .classes("w-28")
-            version = ui.input("backend version").classes("w-28")
-            isl = ui.number("isl", value=1024, min=1, precision=0).classes("w-24") \
+                .style("width: 7rem")
+            version = ui.input("backend version").style("width: 7rem")
+            isl = ui.number("isl", value=1024, min=1, precision=0).style("width: 6rem") \
                 .props('data-testid="isl"')
-            osl = ui.number("osl", value=128, min=1, precision=0).classes("w-24") \
+            osl = ui.number("osl", value=128, min=1, precision=0).style("width: 6rem") \
                 .props('data-testid="osl"')
-            calibration = ui.input("calibration", value="default").classes("w-32")
+            calibration = ui.input("calibration", value="default").style("width: 8rem")
             evidence_root = ui.input("evidence root (AIConfigurator folder, optional)") \
-                .classes("w-80")
-        ui.label("serve one configuration").classes("text-lg font-bold mt-4")
-        with ui.row().classes("items-end gap-3"):
-            tp = ui.number("TP", value=1, min=1, precision=0).classes("w-20")
-            dp = ui.number("attention DP", value=1, min=1, precision=0).classes("w-28")
-            ep = ui.number("EP", value=1, min=1, precision=0).classes("w-20")
-            conc = ui.number("concurrency", value=8, min=1, precision=0).classes("w-28") \
+                .style("width: 20rem")
+        ui.label("serve one configuration").classes("text-h6 text-bold q-mt-md")
+        with ui.row().classes("items-end"):
+            tp = ui.number("TP", value=1, min=1, precision=0).style("width: 5rem")
+            dp = ui.number("attention DP", value=1, min=1, precision=0).style("width: 7rem")
+            ep = ui.number("EP", value=1, min=1, precision=0).style("width: 5rem")
+            conc = ui.number("concurrency", value=8, min=1, precision=0).style("width: 7rem") \
                 .props('data-testid="concurrency"')
             nreq = ui.number("requests (0: 10 x C)", value=0, min=0, precision=0) \
-                .classes("w-36")
+                .style("width: 9rem")
             serve_btn = ui.button("serve").props('data-testid="run-serve"')
-        serve_out = ui.column().classes("w-full")
+        serve_out = ui.column().classes("full-width")
 
         def common() -> dict:
             return {"model": model.value, "device": device.value, "backend": backend.value,
@@ -92,29 +93,29 @@ def register(wb, jobs) -> None:
 
         serve_btn.on_click(serve_clicked)
 
-        ui.label("search layouts and concurrency").classes("text-lg font-bold mt-4")
-        with ui.row().classes("items-end gap-3"):
-            gpus = ui.number("GPUs", value=8, min=1, precision=0).classes("w-20") \
+        ui.label("search layouts and concurrency").classes("text-h6 text-bold q-mt-md")
+        with ui.row().classes("items-end"):
+            gpus = ui.number("GPUs", value=8, min=1, precision=0).style("width: 5rem") \
                 .props('data-testid="gpus"')
-            tps = ui.input("TP sizes", value="1,2,4,8").classes("w-28") \
+            tps = ui.input("TP sizes", value="1,2,4,8").style("width: 7rem") \
                 .props('data-testid="tp-sizes"')
-            concs = ui.input("concurrencies", value="4,8,16,32,64,128").classes("w-44") \
+            concs = ui.input("concurrencies", value="4,8,16,32,64,128").style("width: 11rem") \
                 .props('data-testid="concurrencies"')
-            modes = ui.input("modes", value="agg,disagg").classes("w-28") \
+            modes = ui.input("modes", value="agg,disagg").style("width: 7rem") \
                 .props('data-testid="modes"')
-            ttft = ui.number("max TTFT ms", value=None).classes("w-28")
-            tpot = ui.number("max TPOT ms", value=None).classes("w-28") \
+            ttft = ui.number("max TTFT ms", value=None).style("width: 7rem")
+            tpot = ui.number("max TPOT ms", value=None).style("width: 7rem") \
                 .props('data-testid="max-tpot"')
             pctl = ui.select({0: "mean", 50: "p50", 90: "p90", 99: "p99"}, value=0,
-                             label="SLO statistic").classes("w-28")
+                             label="SLO statistic").style("width: 7rem")
             search_btn = ui.button("search").props('data-testid="run-search"')
             cancel_btn = ui.button("cancel", color="negative").props(
                 'data-testid="cancel-search"')
             cancel_btn.disable()
-        progress = ui.linear_progress(value=0, show_value=False).classes("w-full")
+        progress = ui.linear_progress(value=0, show_value=False).classes("full-width")
         status = ui.label("").props('data-testid="search-status"')
-        search_out = ui.column().classes("w-full")
-        detail = ui.column().classes("w-full")
+        search_out = ui.column().classes("full-width")
+        detail = ui.column().classes("full-width")
         state: dict = {"job": None}
 
         def show_search(doc: dict) -> None:
@@ -122,7 +123,7 @@ def register(wb, jobs) -> None:
             detail.clear()
             state["doc"] = doc
             with search_out:
-                plot = ui.plotly(figures.pareto_figure(doc)).classes("w-full") \
+                plot = ui.plotly(figures.pareto_figure(doc)).classes("full-width") \
                     .props('data-testid="pareto"')
                 plot.on("plotly_click", point_clicked)
                 ui.label("click a point: its configuration and its `serve` record").classes(
@@ -138,7 +139,7 @@ def register(wb, jobs) -> None:
                                 "tok/s/user": round(c["metrics"]["tokens_per_s_per_user"], 1)}
                                for i, c in enumerate(top)],
                          row_key="i", title="top by tokens/s/GPU" if doc["top"]
-                         else "nothing meets the SLOs: nearest misses").classes("w-full")
+                         else "nothing meets the SLOs: nearest misses").classes("full-width")
 
         async def point_clicked(e) -> None:
             points = (e.args or {}).get("points") or []
@@ -150,7 +151,7 @@ def register(wb, jobs) -> None:
                 ui.label(f"{row['layout']}, concurrency {row['concurrency']}").classes(
                     "text-lg font-bold").props('data-testid="point-detail"')
                 json_block(row)
-                box = ui.column().classes("w-full")
+                box = ui.column().classes("full-width")
                 with box:
                     ui.spinner()
             try:
@@ -164,7 +165,7 @@ def register(wb, jobs) -> None:
                 ui.label("perfcast serve " + " ".join(
                     f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
                     if v not in (None, "") and v != getattr(ServeArgs, k, None)
-                    and k != "model") + f" {a.model}").classes("font-mono text-xs")
+                    and k != "model") + f" {a.model}").classes("text-caption").style("font-family: monospace")
                 metrics_view(metrics, "point-serve")
 
         def poll() -> None:
