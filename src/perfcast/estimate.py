@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from perfcast.evidence.collectives import CollectiveCostProvider
 from perfcast.evidence.contracts import CostProvider, CostQueryContext, Miss
 from perfcast.evidence.costing import CostedGraph, cost_graph
-from perfcast.evidence.profiling.devices import mark_foreign
 from perfcast.evidence.resolver import CostResolver
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System, load_system
@@ -158,6 +157,8 @@ class ForeignEvidence:
         return self.inner.supports(self._query(query))
 
     def estimate(self, query):
+        from perfcast.evidence.profiling.devices import mark_foreign
+
         answer = self.inner.estimate(self._query(query))
         if isinstance(answer, Miss):
             return answer

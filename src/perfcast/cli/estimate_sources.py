@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError
-from perfcast.evidence.profiling.devices import same_device
 
 FOREIGN_HINT = "--allow-foreign-evidence to use it anyway (every answer then says so)"
 
@@ -54,6 +53,7 @@ def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
     from perfcast.estimate import ForeignEvidence
     from perfcast.evidence.chain import evidence_providers
     from perfcast.evidence.measured_view import MeasuredView
+    from perfcast.evidence.profiling.devices import same_device
     from perfcast.evidence.store import EvidenceStore, open_evidence
 
     layer = EvidenceLayer()
@@ -93,6 +93,7 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
     from perfcast.estimate import make_resolver
     from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
     from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
+    from perfcast.evidence.profiling.devices import same_device
     from perfcast.evidence.profiling.op_mapping import MAPPING_FILE
     from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
 

@@ -1,31 +1,83 @@
-"""`perfcast` entry point: assembles the command groups."""
+"""`perfcast` entry point: assembles the command groups.
+
+Each command's module is imported when that command runs (or when `--help` lists the
+commands), so a call pays only for the libraries its own command uses.
+"""
 
 from __future__ import annotations
 
+import importlib
+from difflib import get_close_matches
+
 import typer
+from typer import _click as click
+from typer.core import TyperGroup
 
-from perfcast.cli import catalog, collect, estimate, profiling, search, serve, validate
-from perfcast.cli import calibrate, observe, workbench
-from perfcast.cli import evidence as evidence_cli
-from perfcast.cli import train
-from perfcast.cli import train_search
+# name -> (module, attribute, kind, attribute of the module holding context settings)
+# kind "command": a function registered as one command; "group": a Typer sub-application
+COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
+    "estimate": ("perfcast.cli.estimate", "estimate_command", "command", "CONTEXT_SETTINGS"),
+    "devices": ("perfcast.cli.catalog", "devices_command", "command", None),
+    "models": ("perfcast.cli.catalog", "models_command", "command", None),
+    "profiling": ("perfcast.cli.profiling", "app", "group", None),
+    "evidence": ("perfcast.cli.evidence", "app", "group", None),
+    "collect": ("perfcast.cli.collect", "app", "group", None),
+    "observe": ("perfcast.cli.observe", "app", "group", None),
+    "calibrate": ("perfcast.cli.calibrate", "app", "group", None),
+    "serve": ("perfcast.cli.serve", "serve_command", "command", None),
+    "search": ("perfcast.cli.search", "search_command", "command", None),
+    "validate": ("perfcast.cli.validate", "app", "group", None),
+    "train": ("perfcast.cli.train", "train_command", "command", None),
+    "train-search": ("perfcast.cli.train_search", "train_search_command", "command", None),
+    "workbench": ("perfcast.cli.workbench", "workbench_command", "command", None),
+}
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Predict LLM inference performance on accelerators, with provenance.")
-app.command("estimate", context_settings=estimate.CONTEXT_SETTINGS)(estimate.estimate_command)
-app.command("devices")(catalog.devices_command)
-app.command("models")(catalog.models_command)
-app.add_typer(profiling.app, name="profiling")
-app.add_typer(evidence_cli.app, name="evidence")
-app.add_typer(collect.app, name="collect")
-app.add_typer(observe.app, name="observe")
-app.add_typer(calibrate.app, name="calibrate")
-app.command("serve")(serve.serve_command)
-app.command("search")(search.search_command)
-app.add_typer(validate.app, name="validate")
-app.command("train")(train.train_command)
-app.command("train-search")(train_search.train_search_command)
-app.command("workbench")(workbench.workbench_command)
+
+def load_command(name: str):
+    """The click command of `name`, built from its module (imported now)."""
+    module_name, attribute, kind, settings_attribute = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    target = getattr(module, attribute)
+    if kind == "group":
+        command = typer.main.get_group(target)
+    else:
+        single = typer.Typer(add_completion=False)
+        settings = getattr(module, settings_attribute) if settings_attribute else None
+        single.command(name, context_settings=settings)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class LazyCommands(TyperGroup):
+    """A command group whose subcommands are built on first use."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*self.commands, *(n for n in COMMANDS if n not in self.commands)]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands[cmd_name] = load_command(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx, args):
+        try:
+            return self._click_resolve_command(ctx, args)
+        except click.exceptions.UsageError as exc:  # name the close matches among all commands
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if matches:
+                exc.message = (exc.message.rstrip(".") + ". Did you mean "
+                               + ", ".join(repr(m) for m in matches) + "?")
+            raise
+
+
+app = typer.Typer(cls=LazyCommands, add_completion=False, no_args_is_help=True)
+
+
+@app.callback()
+def _root() -> None:
+    """Predict LLM inference, serving and training performance on accelerators, with
+    provenance."""
 
 
 def main() -> None:  # pragma: no cover
