@@ -91,6 +91,7 @@ def text(driver, testid: str) -> str:
 def shoot(driver, shots: Path, name: str) -> None:
     height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(1400, min(max(900, height), 4000))
+    driver.execute_script("window.scrollTo(0, 0)")
     time.sleep(0.5)
     path = shots / f"{name}.png"
     driver.save_screenshot(str(path))

@@ -160,7 +160,7 @@ def build_router(wb: Workbench, jobs: JobManager) -> APIRouter:
         from perfcast.cli.evidence import query_record
 
         resolvers, hw = wb.query_resolvers(ref, body.hardware, body.policy)
-        return query_record(resolvers, hw, body.spec())
+        return query_record(resolvers, hw, body.spec(), source="request body")
 
     @r.get("/observations", summary="perfcast observe list --format json")
     def observations() -> list[dict]:

@@ -177,7 +177,10 @@ def serve_args_for(search: dict, row: dict) -> dict:
     if not pools:
         raise ValueError(f"cannot read the layout {row['layout']!r}")
     w, tp, dp, ep = pools[0]
-    args = {"model": inp["model_source"] or inp["model"], "device": inp["device"],
+    from perfcast.workload import builtin_models
+
+    model = inp["model"] if inp["model"] in builtin_models() else inp["model_source"]
+    args = {"model": model or inp["model"], "device": inp["device"],
             "backend": inp["backend"], "backend_version": inp["backend_version"] or "",
             "tp_size": tp, "dp_size": dp, "ep_size": ep, "workers": w, "mode": row["mode"],
             "isl": inp["isl"], "osl": inp["osl"], "range_ratio": inp["range_ratio"],

@@ -92,26 +92,29 @@ def register(wb, jobs) -> None:
                         "key": o["observation_set"]} for o in observations],
                  row_key="key", title="observation sets").classes("full-width") \
             .props('data-testid="observations"')
-        options = {r["revision"]: f"{r['revision'][7:19]} {r['name']} ({r['where']})"
-                   for r in revisions}
-        rev_sel = ui.select(options, value=revisions[0]["revision"], label="revision") \
-            .style("width: 32rem")
-        rev_box = ui.column().classes("full-width")
+        # the revision's details (long) come after the validation plots
+        revision_area = ui.column().classes("full-width")
+        with revision_area:
+            options = {r["revision"]: f"{r['revision'][7:19]} {r['name']} ({r['where']})"
+                       for r in revisions}
+            rev_sel = ui.select(options, value=revisions[0]["revision"], label="revision") \
+                .style("width: 32rem")
+            rev_box = ui.column().classes("full-width")
 
-        def show_revision() -> None:
-            rev_box.clear()
-            where = {r["revision"]: r["where"] for r in revisions}
-            try:
-                ref = "default" if where.get(rev_sel.value) == "shipped default" else rev_sel.value
-                doc = load_calibration(ref, store=wb.calibration_store()).to_json()
-            except Exception as exc:  # noqa: BLE001
-                show_error(rev_box, exc)
-                return
-            with rev_box:
-                revision_view(doc)
+            def show_revision() -> None:
+                rev_box.clear()
+                where = {r["revision"]: r["where"] for r in revisions}
+                try:
+                    ref = "default" if where.get(rev_sel.value) == "shipped default" else rev_sel.value
+                    doc = load_calibration(ref, store=wb.calibration_store()).to_json()
+                except Exception as exc:  # noqa: BLE001
+                    show_error(rev_box, exc)
+                    return
+                with rev_box:
+                    revision_view(doc)
 
-        rev_sel.on_value_change(show_revision)
-        show_revision()
+            rev_sel.on_value_change(show_revision)
+            show_revision()
 
         ui.label("predicted vs measured (validate silicon)").classes("text-h6 text-bold q-mt-md")
         with ui.row().classes("items-end"):
@@ -127,6 +130,7 @@ def register(wb, jobs) -> None:
         progress = ui.linear_progress(value=0, show_value=False).classes("full-width")
         status = ui.label("").props('data-testid="validate-status"')
         out = ui.column().classes("full-width")
+        revision_area.move(target_index=-1)
         state: dict = {"jobs": {}}
 
         def poll() -> None:

@@ -36,7 +36,7 @@ def resolve(wb, ref: str, body: dict) -> tuple[dict, list[dict], str]:
 
     q = QueryBody(**body)
     resolvers, hw = wb.query_resolvers(ref, q.hardware, q.policy)
-    record = query_record(resolvers, hw, q.spec())
+    record = query_record(resolvers, hw, q.spec(), source="query")
     _, db = wb.database(ref)
     return record, views.neighbours(db, q.spec(), hw), hw
 
