@@ -14,7 +14,6 @@ from perfcast.training.search import (
     TrainCandidate,
     TrainSearchSpace,
     layout_choices,
-    map_tasks,
     pareto_front,
     ranked,
     search,
@@ -88,14 +87,6 @@ def test_pareto_front_of_step_time_against_devices():
     front = pareto_front(cands)
     assert [(c.num_devices, c.step_time_s) for c in front] == [(8, 10.0), (16, 5.5), (64, 2.0)]
     assert [c.step_time_s for c in ranked(cands)] == [2.0, 5.5, 6.0, 7.0, 10.0, 12.0]
-
-
-def test_map_tasks_keeps_order_and_reports_each_task():
-    seen = []
-    assert map_tasks(abs, [-3, 1, -2], "inline", None, seen.append) == [3, 1, 2]
-    assert sorted(seen) == [0, 1, 2]
-    with pytest.raises(ConfigError, match="--executor"):
-        map_tasks(abs, [1], "threads", None)
 
 
 LLAMA8B_SPACE = dict(model="meta-llama/Llama-3.1-8B", device="h100_sxm", num_devices=(1, 8),
@@ -202,51 +193,6 @@ def test_cli_bad_sizes_name_the_flag(tmp_path):
                                    "--recompute", "some", "--calibration", "none"])
     assert out.exit_code == 2
     assert "--recompute" in out.output
-
-
-class _FakeRay:
-    """Enough of Ray's API for map_tasks: remote functions run when submitted, `wait`
-    hands refs back in reverse order (out of submission order, as a cluster may)."""
-
-    def __init__(self):
-        self.initialized = False
-
-    def is_initialized(self):
-        return self.initialized
-
-    def init(self, **kw):
-        self.initialized = True
-
-    def remote(self, fn):
-        class _Remote:
-            @staticmethod
-            def remote(arg):
-                return ("ref", fn(arg))
-        return _Remote
-
-    def wait(self, pending, num_returns=1):
-        return [pending[-1]], pending[:-1]
-
-    def get(self, ref):
-        return ref[1]
-
-
-def test_ray_executor_keeps_task_order(monkeypatch):
-    import sys
-
-    fake = _FakeRay()
-    monkeypatch.setitem(sys.modules, "ray", fake)
-    done = []
-    assert map_tasks(abs, [-1, -2, 3], "ray", None, done.append) == [1, 2, 3]
-    assert fake.initialized and done == [2, 1, 0]
-
-
-def test_ray_missing_says_how_to_install(monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
-    with pytest.raises(ConfigError, match="pip install ray"):
-        map_tasks(abs, [1, 2], "ray", None)
 
 
 def test_moe_layouts_carve_ep_out_of_dp_times_tp():

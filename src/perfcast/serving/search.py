@@ -16,13 +16,13 @@ optional extra: `pip install ray`).
 from __future__ import annotations
 
 import functools
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.core.executor import map_tasks
 from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
 from perfcast.serving.metrics import STAT_KEYS
@@ -30,7 +30,6 @@ from perfcast.serving.provenance import tallied
 from perfcast.serving.requests import check_request_count
 from perfcast.workload import ModelSpec, ParallelPlan, load_model_spec
 
-EXECUTORS = ("local", "inline", "ray")
 # why a configuration is not in the results (Candidate.failures)
 FAILURE_REASONS = {
     "simulation_error": "the simulation failed (e.g. the weights leave no room for a KV cache)",
@@ -198,41 +197,9 @@ def run_tasks(space: SearchSpace, todo: Sequence[Layout], executor: str,
               workers: int | None, on_done: Callable[[], None] | None = None
               ) -> list[Candidate]:
     """Evaluate every layout; `on_done()` is called as each one finishes."""
-    if executor not in EXECUTORS:
-        raise ConfigError(f"unknown executor {executor!r}", field="--executor",
-                          expected=" | ".join(EXECUTORS))
-    tasks = [(space, lay) for lay in todo]
     done = on_done or (lambda: None)
-    results: list = [None] * len(tasks)
-    if executor == "inline" or len(tasks) <= 1:
-        for i, t in enumerate(tasks):
-            results[i] = _run_task(t)
-            done()
-    elif executor == "local":
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        n = workers or max(1, min(len(tasks), os.cpu_count() or 1))
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            futures = {pool.submit(_run_task, t): i for i, t in enumerate(tasks)}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                done()
-    else:
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("Ray is not installed", field="--executor",
-                              expected="`pip install ray` or --executor local") from None
-        if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, include_dashboard=False)
-        remote = ray.remote(_run_task)
-        refs = [remote.remote(t) for t in tasks]
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            results[index[ready[0]]] = ray.get(ready[0])
-            done()
+    results = map_tasks(_run_task, [(space, lay) for lay in todo], executor, workers,
+                        lambda i: done())
     return [c for group in results for c in group]
 
 

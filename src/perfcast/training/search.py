@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from perfcast.core.errors import ConfigError, PerfcastError
+from perfcast.core.executor import map_tasks
 from perfcast.evidence.contracts import CostQueryContext
 from perfcast.workload import ModelSpec, load_model_spec
 
-EXECUTORS = ("local", "inline", "ray")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 # why a layout is not among the ranked ones (TrainCandidate.failure)
 FAILURE_REASONS = {
@@ -289,49 +288,6 @@ def provenance(cands: Sequence[TrainCandidate]) -> dict[str, int]:
 
 def _run_chunk(args: tuple[TrainSearchSpace, Sequence[LayoutChoice]]) -> list[TrainCandidate]:
     return evaluate_chunk(*args)
-
-
-def map_tasks(fn: Callable, tasks: Sequence, executor: str, workers: int | None,
-              on_done: Callable[[int], None] | None = None) -> list:
-    """`[fn(t) for t in tasks]` inline, in local processes or on Ray; `on_done(i)` as task
-    i finishes."""
-    if executor not in EXECUTORS:
-        raise ConfigError(f"unknown executor {executor!r}", field="--executor",
-                          expected=" | ".join(EXECUTORS))
-    done = on_done or (lambda i: None)
-    results: list = [None] * len(tasks)
-    if executor == "inline" or len(tasks) <= 1:
-        for i, t in enumerate(tasks):
-            results[i] = fn(t)
-            done(i)
-        return results
-    if executor == "local":
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        n = workers or max(1, min(len(tasks), os.cpu_count() or 1))
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                done(futures[fut])
-        return results
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("Ray is not installed", field="--executor",
-                          expected="`pip install ray` or --executor local") from None
-    if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, include_dashboard=False)
-    remote = ray.remote(fn)
-    refs = [remote.remote(t) for t in tasks]
-    index = {ref: i for i, ref in enumerate(refs)}
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        i = index[ready[0]]
-        results[i] = ray.get(ready[0])
-        done(i)
-    return results
 
 
 def _check(space: TrainSearchSpace) -> None:
