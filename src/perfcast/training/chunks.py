@@ -24,6 +24,7 @@ from perfcast.training.graph import (
     PARAM_BYTES,
     backward_tasks,
     chunk_forward_tasks,
+    expand_unfused_attention,
     saved_activation_bytes,
 )
 from perfcast.training.layout import TrainingLayout
@@ -250,6 +251,8 @@ def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tie
     saved, per_layer = saved_activation_bytes(
         forward, tp=layout.tp, recompute=layout.recompute, attention_kernel=attention_kernel,
         attention_dropout=attention_dropout)
+    if attention_kernel == "unfused":
+        forward = expand_unfused_attention(forward, dropout=attention_dropout)
     backward = backward_tasks(forward, graph.model.num_layers, tp=layout.tp,
                               sp=layout.sequence_parallel and layout.tp > 1,
                               recompute=layout.recompute)

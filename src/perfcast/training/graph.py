@@ -171,6 +171,8 @@ def _gemm_backward(t: Task, deps, num_layers: int, regather: str | None) -> list
     o_dt = t.outputs[0].dtype
     weighted = "weight_params" in t.attributes
     flops = 2.0 * m * n * k * batch
+    # each of the two backward GEMMs runs the forward's FLOPs and carries its model FLOPs
+    model = float(t.attributes.get("model_flops", flops))
     out = []
 
     def gemm(part, mm, nn, kk, read, written, ins, outs, extra_deps=()):
@@ -183,7 +185,7 @@ def _gemm_backward(t: Task, deps, num_layers: int, regather: str | None) -> list
         out.append(_task(t, lin, grp, operation="gemm", operator=t.operator, work=work,
                          inputs=ins, outputs=outs, deps=(*deps, *extra_deps),
                          num_layers=num_layers, attributes={"backward_of": t.lineage,
-                                                            "model_flops": flops}))
+                                                            "model_flops": model}))
         return lin
 
     dy = TensorSpec((batch, m, n) if batch > 1 else (m, n), o_dt)
@@ -207,8 +209,14 @@ def _compute_backward(t: Task, deps, num_layers: int) -> Task:
     axes = dict(fwd.axes)
     if op in ATTENTION_OPS:
         axes["phase"] = "backward"
-    work = Work(flops=fwd.flops * factor, engine=fwd.engine, compute_dtype=fwd.compute_dtype,
-                bytes_read=fwd.bytes_read + fwd.bytes_written, bytes_written=fwd.bytes_read,
+    a = t.attributes
+    # a forward task may declare its backward's work (the unfused attention's softmax and
+    # dropout: what their backward kernels read and write)
+    work = Work(flops=float(a.get("backward_flops", fwd.flops * factor)), engine=fwd.engine,
+                compute_dtype=fwd.compute_dtype,
+                bytes_read=float(a.get("backward_bytes_read",
+                                       fwd.bytes_read + fwd.bytes_written)),
+                bytes_written=float(a.get("backward_bytes_written", fwd.bytes_read)),
                 axes=FrozenDict(axes))
     operator = t.operator.rsplit(".", 1)[0] + "_backward.default" \
         if t.operator.endswith(".default") else t.operator + "_backward"
@@ -216,7 +224,8 @@ def _compute_backward(t: Task, deps, num_layers: int) -> Task:
                  inputs=t.outputs + t.inputs, outputs=t.inputs, deps=deps,
                  num_layers=num_layers,
                  attributes={"backward_of": t.lineage,
-                             "model_flops": fwd.flops * MODEL_BACKWARD_FACTOR})
+                             "model_flops": float(a.get("model_flops", fwd.flops))
+                             * MODEL_BACKWARD_FACTOR})
 
 
 def _collective(t: Task, lineage: str, group: str, operation: str, deps, num_layers: int,
@@ -245,7 +254,7 @@ def backward_tasks(forward: list[Task], num_layers: int, *, tp: int, sp: bool,
     out: list[Task] = []
     recomputed = _recompute_tasks(forward, num_layers, recompute)
     recompute_sinks = _sinks_by_block(recomputed)
-    emitted_recompute: set[tuple] = set()
+    emitted_recompute: set = set()  # recompute blocks and unfused cores emitted
     for t in reversed(forward):
         deps = tuple(x for c in consumers[t.lineage] for x in grad_in[c])
         block = _block_key(t)
@@ -261,6 +270,18 @@ def backward_tasks(forward: list[Task], num_layers: int, *, tp: int, sp: bool,
             r = _recompute_copy(t, num_layers, deps_map={}, keep_deps=deps)
             out.append(r)
             deps = deps + (r.lineage,)
+        core = t.attributes.get("unfused_core") if recompute == "selective" else None
+        if core is not None and core not in emitted_recompute:
+            # selective recompute of the unfused core: QK^T, softmax, dropout, PV again
+            # (Megatron-LM checkpoints core_attention), before the core's backward
+            emitted_recompute.add(core)
+            names: dict[str, str] = {}
+            for i, c in enumerate(x for x in forward if x.attributes.get("unfused_core")
+                                  == core):
+                r = _recompute_copy(c, num_layers, names, keep_deps=deps if i == 0 else None)
+                names[c.lineage] = r.lineage
+                out.append(r)
+            deps = deps + (out[-1].lineage,)
         if t.kind is TaskKind.VIEW or t.group in NO_BACKWARD_GROUPS:
             grad_in[t.lineage] = deps
             continue
@@ -460,3 +481,115 @@ def _layers_of(forward: list[Task], key: tuple, by: dict[str, Task]) -> int:
         if c.layers is not None and key[0] in c.deps:
             return max(1, c.count)
     return 1
+
+
+# -- unfused attention (Megatron-LM's CoreAttention before FlashAttention) ---------------
+
+# FLOPs per score element of the vector kernels (fp32 math on 16-bit scores):
+# FusedScaleMaskSoftmax forward: scale, running max, exp(x - max), sum, normalise (5);
+# its backward y (g - sum(g y)) times the scale: g y, sum, subtract, multiply, scale (5);
+# dropout: random draw, compare, scale (3, as families.gpt.dropout); its backward
+# multiplies the gradient by mask / (1 - p) (2).
+SOFTMAX_FLOPS = 5
+SOFTMAX_BACKWARD_FLOPS = 5
+DROPOUT_FLOPS = 3
+DROPOUT_BACKWARD_FLOPS = 2
+
+
+def unfused_attention_tasks(t: Task, *, dropout: bool) -> list[Task]:
+    """The attention core `t` as Megatron-LM's unfused CoreAttention runs it
+    (megatron/model/transformer.py at de7dc40f88; megatron/core/transformer/
+    dot_product_attention.py today), with E = batch x heads x q x kv score elements:
+
+    * `scores`: torch.baddbmm(buffer, Q, K^T, beta=0, alpha=1/sqrt(d)) over the full q x kv
+      square (no causal skipping): 2 E d FLOPs, reads Q and K (repeated to every query
+      head), writes 2E bytes (16-bit scores);
+    * `softmax`: the fused causal kernel (ScaledUpperTriangMaskedSoftmax,
+      scaled_upper_triang_masked_softmax.h): each row reads its causal part only (P =
+      batch x heads x q (kv + 1) / 2 when q = kv) and writes the whole row (zeros above
+      the diagonal): reads 2P, writes 2E; its backward reads the gradient and the saved
+      output of the causal part (4P) and writes 2E;
+    * `dropout` (attention dropout > 0): torch.nn.Dropout -> aten.native_dropout, reads 2E,
+      writes the 16-bit output and a bool mask (3E); its backward reads the gradient and
+      the mask (3E) and writes 2E;
+    * `context`: torch.bmm(probs, V), 2 E dv FLOPs over the full square, reads 2E + V.
+
+    The backward of the two batched GEMMs follows from `_gemm_backward` (two bmm each:
+    dQ = dS K, dK = dS^T Q; dP = dC V^T, dV = P^T dC). Model FLOPs do not change: the two
+    bmm carry the causal core's model FLOPs (split qk : v), softmax and dropout none;
+    their hardware FLOPs are the full square. The memory model keeps counting the core
+    as one op (`saved_activation_bytes`: softmax output, mask, dropout output)."""
+    ax = t.work.axes
+    b, q, kv = int(ax["batch"]), int(ax["q_tokens"]), int(ax["kv_len"])
+    heads, d = int(ax["heads"]), int(ax["head_dim"])
+    dv = int(ax.get("v_head_dim", d))
+    dt = t.inputs[0].dtype
+    nb = dtype_bytes(dt)
+    n = b * heads
+    scores = float(n) * q * kv
+    # causal part of each row: query at position p (of kv - q + p + 1 keys)
+    causal = float(n) * (q * (kv - q) + q * (q + 1) / 2)
+    model = float(t.attributes.get("model_flops", t.work.flops))
+    prefix = t.lineage[: len(t.lineage) - len(t.group)]
+    base = {k: v for k, v in t.attributes.items()
+            if k not in ("kv_cache_bytes_per_token", "cache_window")}
+    base["unfused_core"] = t.lineage
+    common = dict(layers=t.layers, count=t.count, devices=t.devices, stage=t.stage)
+    q_t = TensorSpec((n, q, d), dt)
+    k_t = TensorSpec((n, d, kv), dt)
+    v_t = TensorSpec((n, kv, dv), dt)
+    s_t = TensorSpec((n, q, kv), dt)
+    c_t = TensorSpec((n, q, dv), dt)
+
+    def task(part, operator, operation, engine, flops, read, written, ins, outs, deps,
+             axes, **attrs) -> Task:
+        a = dict(base)
+        a.update(attrs)
+        return Task(lineage=prefix + f"{t.group}.{part}", group=f"{t.group}.{part}",
+                    operator=operator, operation=operation, kind=TaskKind.COMPUTE,
+                    inputs=ins, outputs=outs,
+                    work=Work(flops=flops, engine=engine,
+                              compute_dtype=t.work.compute_dtype if engine is Engine.MATRIX
+                              else "fp32", bytes_read=read, bytes_written=written,
+                              axes=FrozenDict(axes)),
+                    deps=tuple(deps), attributes=FrozenDict(a), **common)
+
+    qk_share = d / (d + dv)
+    out = [task("scores", "aten.bmm.default", "gemm", Engine.MATRIX, 2.0 * scores * d,
+                q_t.nbytes + k_t.nbytes, scores * nb, (q_t, k_t), (s_t,), t.deps,
+                {"m": q, "n": kv, "k": d, "batch": n}, model_flops=model * qk_share)]
+    elem = {"tokens": n * q, "numel": int(scores)}
+    out.append(task("softmax", "aten._softmax.default", "softmax", Engine.VECTOR,
+                    SOFTMAX_FLOPS * causal, causal * nb, scores * nb, (s_t,), (s_t,),
+                    (out[-1].lineage,), elem, model_flops=0.0,
+                    backward_flops=SOFTMAX_BACKWARD_FLOPS * causal,
+                    backward_bytes_read=2 * causal * nb, backward_bytes_written=scores * nb))
+    if dropout:
+        mask = TensorSpec((n, q, kv), "bool")
+        out.append(task("dropout", "aten.native_dropout.default", "dropout", Engine.VECTOR,
+                        DROPOUT_FLOPS * scores, scores * nb, scores * (nb + 1), (s_t,),
+                        (s_t, mask), (out[-1].lineage,), elem, model_flops=0.0,
+                        backward_flops=DROPOUT_BACKWARD_FLOPS * scores,
+                        backward_bytes_read=scores * (nb + 1),
+                        backward_bytes_written=scores * nb))
+    out.append(task("context", "aten.bmm.default", "gemm", Engine.MATRIX, 2.0 * scores * dv,
+                    scores * nb + v_t.nbytes, c_t.nbytes, (s_t, v_t), (c_t,),
+                    (out[-1].lineage,), {"m": q, "n": dv, "k": kv, "batch": n},
+                    model_flops=model * (1 - qk_share)))
+    return out
+
+
+def expand_unfused_attention(tasks: list[Task], *, dropout: bool) -> list[Task]:
+    """Replace each attention core by its unfused tasks; its consumers wait for the last."""
+    out: list[Task] = []
+    last: dict[str, str] = {}
+    for t in tasks:
+        if t.operation == "attention":
+            parts = unfused_attention_tasks(t, dropout=dropout)
+            last[t.lineage] = parts[-1].lineage
+            out.extend(parts)
+            continue
+        if any(d in last for d in t.deps):
+            t = replace(t, deps=tuple(last.get(d, d) for d in t.deps))
+        out.append(t)
+    return out

@@ -64,6 +64,12 @@ class DeviceMemory:
 def _working_set(t: Task) -> float:
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
+    if "unfused_core" in t.attributes:
+        # the unfused core's softmax output, mask and dropout output are saved activations;
+        # what it adds is the scores buffer (Megatron's global memory buffer) and Q, K, V
+        if t.group.endswith(".scores"):
+            return sum(x.nbytes for x in t.inputs) + t.outputs[0].nbytes
+        return 0.0
     ins = t.inputs[:1] if t.operation in ("gemm", "moe") else t.inputs
     return sum(x.nbytes for x in ins) + sum(x.nbytes for x in t.outputs)
 
