@@ -109,16 +109,47 @@ def _family_rows(db: PerformanceDatabase, operation: str, dtype: str, hardware: 
     expr = (pc.field("operation") == operation) & (pc.field("dtype") == dtype)
     if hardware:
         expr = expr & (pc.field("hardware") == hardware)
-    part = read(db, None, expr)
+    part = _mark_ties(read(db, None, expr), operation)
     cols = [c for c in part.column_names if c.startswith("sel.")
             and part[c].null_count < part.num_rows]
     return part, cols
 
 
+def _mark_ties(part: pa.Table, operation: str) -> pa.Table:
+    """A tied follower (`q_tokens` of a prefill attention row equals its `kv_len`) moves
+    with the line axis: its column becomes text, "=kv_len" where tied, else the value
+    (a decode row's q_tokens = 1 stays a fixed selector of its curve)."""
+    spec = SPECS.get(operation)
+    for follower, leader in spec.ties if spec else ():
+        f, lead = f"sel.int.{follower}", f"sel.int.{leader}"
+        if f not in part.column_names or lead not in part.column_names:
+            continue
+        tied = pc.fill_null(pc.equal(part[f], part[lead]), False)
+        text = pc.if_else(tied, pa.scalar(f"={leader}"), pc.cast(part[f], pa.string()))
+        part = part.set_column(part.column_names.index(f), f, text)
+    return part
+
+
+def _dims(key: dict, axis: str, x: int) -> dict:
+    """The query dims of a curve's point at `x`: its fixed selectors, the axis, and the
+    tied followers at the axis' value."""
+    out = {}
+    for k, v in key.items():
+        if k in CONTEXT_SELECTORS or k == "hardware":
+            continue
+        if isinstance(v, str) and v == f"={axis}":
+            out[k] = x
+        elif isinstance(v, str) and k in {f for spec in SPECS.values() for f, _ in spec.ties}:
+            out[k] = int(v)
+        else:
+            out[k] = v
+    out[axis] = x
+    return out
+
+
 def _fixed_columns(operation: str, cols: list[str]) -> list[str]:
     spec = SPECS[operation]
-    moving = {f"sel.int.{spec.axes[0].name}"} | {f"sel.int.{f}" for f, _ in spec.ties}
-    return [c for c in cols if c not in moving]
+    return [c for c in cols if c != f"sel.int.{spec.axes[0].name}"]
 
 
 def series(db: PerformanceDatabase, operation: str, dtype: str,
@@ -164,7 +195,7 @@ def curve(db: PerformanceDatabase, snapshot: str, operation: str, dtype: str, ke
 
     spec = SPECS[operation]
     axis = spec.axes[0].name
-    ties = [f for f, leader in spec.ties if leader == axis]
+    ties = [f for f, _ in spec.ties if key.get(f) == f"={axis}"]
     part, cols = _family_rows(db, operation, dtype, key.get("hardware"))
     mask = None
     for name, value in key.items():
@@ -179,13 +210,10 @@ def curve(db: PerformanceDatabase, snapshot: str, operation: str, dtype: str, ke
     xs = rows[f"sel.int.{axis}"].to_pylist()
     lat = rows["latency_s"].to_pylist()
     ids = rows["record_id"].to_pylist()
-    dims_fixed = {k: v for k, v in key.items()
-                  if k not in CONTEXT_SELECTORS and k != "hardware"}
     context = {CONTEXT_SELECTORS[k]: v for k, v in key.items() if k in CONTEXT_SELECTORS}
 
     def rates(x: int, latency: float) -> tuple[float | None, float | None]:
-        dims = {**dims_fixed, axis: x, **{f: x for f in ties}}
-        w = work_facts(operation, dtype, dims)
+        w = work_facts(operation, dtype, _dims(key, axis, x))
         if not w or not latency:
             return None, None
         return (w["flops"] / latency / 1e12,
@@ -204,7 +232,7 @@ def curve(db: PerformanceDatabase, snapshot: str, operation: str, dtype: str, ke
         for x in grid:
             q = build_query({"operation": operation, "dtype": dtype, **context,
                              "hardware": key.get("hardware"),
-                             "dims": {**dims_fixed, axis: x, **{f: x for f in ties}}},
+                             "dims": _dims(key, axis, x)},
                             source="workbench curve")
             res = resolver.resolve(q)
             est = res.estimate

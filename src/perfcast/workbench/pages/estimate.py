@@ -52,6 +52,8 @@ def register(wb, jobs) -> None:
             tp = ui.number("TP", value=1, min=1, precision=0).style("width: 5rem") \
                 .props('data-testid="tp"')
             pp = ui.number("PP", value=1, min=1, precision=0).style("width: 5rem")
+            dp = ui.number("attention DP", value=1, min=1, precision=0).style("width: 6rem")
+            ep = ui.number("EP", value=1, min=1, precision=0).style("width: 5rem")
             nq = ui.number("requests", value=1, min=1, precision=0).style("width: 6rem") \
                 .props('data-testid="num-queries"')
             ql = ui.number("query length", value=1024, min=1, precision=0).style("width: 7rem")
@@ -72,7 +74,8 @@ def register(wb, jobs) -> None:
         def args() -> EstimateArgs:
             return EstimateArgs(
                 model=model.value, device=device.value, tp_size=int(tp.value or 1),
-                pp_size=int(pp.value or 1), num_queries=int(nq.value or 1),
+                pp_size=int(pp.value or 1), dp_size=int(dp.value or 1),
+                ep_size=int(ep.value or 1), num_queries=int(nq.value or 1),
                 query_length=int(ql.value or 1), context_length=int(cl.value or 0),
                 decode=bool(decode.value), evidence=[evidence.value] if evidence.value else None,
                 runtime=runtime.value or "", runtime_version=version.value or "",
