@@ -34,7 +34,10 @@ TARGET_MAE = 0.10
 # estimator defaults for fields a source leaves out and the row does not assume
 DEFAULTS = {"virtual_pipeline": 1, "micro_batch": 1, "recompute": "none",
             "sequence_parallel": False, "zero_stage": 0, "overlap_grad_reduce": True,
-            "attention_kernel": "flash", "tp_comm_overlap": False}
+            "attention_kernel": "flash", "tp_comm_overlap": False,
+            "overlap_param_gather": False}  # Megatron-LM's default (arguments.py)
+# fields that only apply to some layouts: not an assumption where they cannot matter
+APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2)}
 # what answers the cost queries:
 #   physics     the analytic providers alone (roofline with the catalog's default
 #               efficiencies, alpha-beta collectives): `perfcast train --calibration none`
@@ -91,7 +94,8 @@ def layout_for(run, *, virtual_pipeline: int | None = None):
         value = getattr(lay, key)
         if value is None:
             value = run.assumed.get(key, DEFAULTS[key])
-            assumed[key] = value
+            if APPLIES.get(key, lambda _: True)(values):
+                assumed[key] = value
         values[key] = value
     if virtual_pipeline is not None:
         values["virtual_pipeline"] = virtual_pipeline
@@ -183,7 +187,8 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
         layout, values, assumed = layout_for(run, virtual_pipeline=virtual_pipeline)
         micro = values["micro_batch"]
         out["layout"], out["assumed"] = layout_label(layout, micro), assumed
-        for key in ("attention_kernel", "overlap_grad_reduce", "tp_comm_overlap"):
+        for key in ("attention_kernel", "overlap_grad_reduce", "tp_comm_overlap",
+                    "overlap_param_gather"):
             out[key] = values[key]
         providers, ctx, out["evidence"] = provider_chain(mode, run.device, evidence_root)
         system = load_system(run.device)
@@ -193,7 +198,9 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
                               dtype=run.precision, context=ctx,
                               attention_kernel=values["attention_kernel"],
                               overlap_grad_reduce=values["overlap_grad_reduce"],
-                              tp_comm_overlap=values["tp_comm_overlap"])
+                              tp_comm_overlap=values["tp_comm_overlap"],
+                              overlap_param_gather=values["overlap_param_gather"]
+                              and values["zero_stage"] in (1, 2))
         t0 = time.perf_counter()
         res = estimate_training(req, make_resolver(system, providers))
         out["wall_s"] = time.perf_counter() - t0

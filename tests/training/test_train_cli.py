@@ -80,3 +80,15 @@ def test_evidence_answers_training_gemms_through_the_estimate_options():
     assert doc["sources"]["evidence"][0]["hardware"] == ["h100_sxm"]
     measured = [o for o in doc["ops"] if o["method"] in ("measured", "interpolated")]
     assert measured and all(o["operator"] == "aten.mm.default" for o in measured)
+
+
+def test_overlap_param_gather_flag():
+    args = ("--num-devices", "8", "--dp-size", "8", "--zero-stage", "1", "--format", "json",
+            "--calibration", "none")
+    off = json.loads(run(*args).output)
+    r = run(*args, "--overlap-param-gather")
+    assert r.exit_code == 0, r.output
+    on = json.loads(r.output)
+    assert on["step_time_s"] < off["step_time_s"]
+    bad = run("--num-devices", "8", "--dp-size", "8", "--overlap-param-gather")
+    assert bad.exit_code == 2 and "--overlap-param-gather" in bad.output

@@ -61,6 +61,11 @@ def train_command(
         "--tp-comm-overlap", help="pipeline TP collectives with their GEMMs (Megatron "
                                   "--tp-comm-overlap); default: exposed where the next op "
                                   "needs them")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="ZeRO-1/2: all-gather the updated parameters bucket "
+                                       "by bucket under the next step's first forward "
+                                       "(Megatron --overlap-param-gather); default: after "
+                                       "the optimizer, exposed")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table | json")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option(
         "--chrome-trace", help="write the pipeline schedule as a Chrome trace JSON (every "
@@ -105,6 +110,7 @@ def train_command(
                                   dtype=dtype, context=context,
                                   overlap_grad_reduce=not no_overlap_grad_reduce,
                                   tp_comm_overlap=tp_comm_overlap,
+                                  overlap_param_gather=overlap_param_gather,
                                   grad_bucket_params=ddp_bucket_size)
         result = estimate_training(request, resolver)
         warning = evidence_silence(_AllOps(result), layer, context)

@@ -97,6 +97,12 @@ class PassCosts:
     dp_after_s: Sequence[float] = ()
     optimizer_s: Sequence[float] = ()   # per rank
     param_gather_s: Sequence[float] = ()  # per rank, after the optimizer (ZeRO)
+    # ZeRO-1/2 with the parameter all-gather overlapped with the forward, per chunk: the
+    # all-gather of its first bucket, issued at the step's start on the rank's `comm.dp`
+    # stream (in local chunk order), which the chunk's first forward pass (microbatch 0)
+    # waits for; and how much longer that pass takes waiting for its later buckets
+    param_gather_first_s: Sequence[float] = ()
+    first_forward_extra_s: Sequence[float] = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,9 @@ class TrainingSchedule:
     last_pass_end_s: tuple[float, ...]   # per rank: end of its last compute pass
     pass_busy_s: tuple[float, ...]       # per rank: sum of its pass durations
     end_s: tuple[float, ...]             # per rank: end of its last instance
+    # per rank: idle time of its compute stream waiting for the first parameter buckets
+    # (the part of the step-start all-gathers not hidden by the pipeline fill)
+    param_gather_wait_s: tuple[float, ...] = ()
     # compressed: the instances are those of `scheduled_microbatches`; makespan and the
     # per-rank times above are extrapolated linearly to `microbatches` (0: all scheduled)
     scheduled_microbatches: int = 0
@@ -186,11 +195,26 @@ def _schedule(pp: int, microbatches: int, virtual: int, costs: PassCosts) -> Tra
 
     op_id: dict[tuple[str, int, int], int] = {}
     last_b: dict[int, tuple[int, int]] = {}  # chunk -> (position, microbatch) of its last B
+    first_gather: dict[int, int] = {}  # chunk -> its first bucket's all-gather instance
+    if costs.param_gather_first_s:
+        for d in range(pp):
+            for c in range(d, chunks, pp):
+                if costs.param_gather_first_s[c] > 0:
+                    j = add(f"dp.param_all_gather.c{c}", d, "comm.dp", "param_gather",
+                            costs.param_gather_first_s[c], -1)
+                    if c - pp in first_gather:
+                        prob.preds[j].append(first_gather[c - pp])
+                    first_gather[c] = j
     for d, ops in enumerate(orders):
         for pos, op in enumerate(ops):
             dur = costs.forward_s[op.chunk] if op.kind == "F" else costs.backward_s[op.chunk]
+            if op.kind == "F" and op.microbatch == 0 and costs.first_forward_extra_s:
+                dur += costs.first_forward_extra_s[op.chunk]
             op_id[(op.kind, op.microbatch, op.chunk)] = add(op.label, d, "compute", op.kind,
                                                             dur, pos)
+            if op.kind == "F" and op.microbatch == 0 and op.chunk in first_gather:
+                prob.preds[op_id[(op.kind, op.microbatch, op.chunk)]].append(
+                    first_gather[op.chunk])
             if op.kind == "B":
                 last_b[op.chunk] = (pos, op.microbatch)
     tails: dict[int, list[int]] = {d: [] for d in range(pp)}
@@ -239,6 +263,16 @@ def _schedule(pp: int, microbatches: int, virtual: int, costs: PassCosts) -> Tra
         ids = [op_id[(op.kind, op.microbatch, op.chunk)] for op in ops]
         last_end.append(sched.end_s[ids[-1]])
         busy.append(sum(prob.duration_s[i] for i in ids))
+    waits = []
+    for d in range(pp):
+        w = 0.0
+        for c in range(d, chunks, pp):
+            if c not in first_gather:
+                continue
+            i = op_id[("F", 0, c)]
+            others = [sched.end_s[x] for x in prob.preds[i] if x != first_gather[c]]
+            w += max(0.0, sched.end_s[first_gather[c]] - max(others, default=0.0))
+        waits.append(w)
     ends = [0.0] * pp
     for e, r in zip(sched.end_s, rank):
         if e > ends[r]:
@@ -246,7 +280,8 @@ def _schedule(pp: int, microbatches: int, virtual: int, costs: PassCosts) -> Tra
     return TrainingSchedule(pp=pp, microbatches=microbatches, virtual=virtual,
                             labels=tuple(labels), rank=tuple(rank), stream=tuple(stream_name),
                             kind=tuple(kinds), schedule=sched, last_pass_end_s=tuple(last_end),
-                            pass_busy_s=tuple(busy), end_s=tuple(ends))
+                            pass_busy_s=tuple(busy), end_s=tuple(ends),
+                            param_gather_wait_s=tuple(waits))
 
 
 def peak_live_bytes(ops: Sequence[PipelineOp], bytes_per_chunk: Sequence[float]) -> float:

@@ -21,7 +21,7 @@ from perfcast.hardware import System, load_system
 from perfcast.plan import PlanOptions, schedule_plan
 from perfcast.plan.training import PassCosts, TrainingSchedule, schedule_training
 from perfcast.training.chunks import ChunkGraphs, Tiers, build_chunk, collective_task, tiers_for
-from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, forward_graph
+from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, PARAM_BYTES, forward_graph
 from perfcast.training.layout import TrainingLayout, check_layout
 from perfcast.training.memory import DeviceMemory, most_loaded, rank_memory
 from perfcast.workload import Batch, MemoryFacts, ModelSpec, ParallelPlan, Precision, TaskGraph
@@ -64,6 +64,11 @@ class TrainingRequest:
     # DP gradient bucket size in parameters (Megatron --ddp-bucket-size); 0: one bucket per
     # layer. A layer's gradients go as ceil(layer params / bucket) equal collectives.
     grad_bucket_params: int = 0
+    # ZeRO-1/2: the updated parameters are all-gathered bucket by bucket under the next
+    # step's first forward pass (Megatron --overlap-param-gather; its default is off:
+    # megatron/training/arguments.py, `action='store_true', default=False`); False: one
+    # all-gather after the optimizer step, exposed
+    overlap_param_gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -307,14 +312,29 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
         dp_after[d] += t
     optimizer_s, gather_s, opt_costed = _optimizer(chunks, lay, graph, tiers, system,
                                                    resolver, ctx)
+    first_extra: list[float] = []
+    first_gather: list[float] = []
+    if request.overlap_param_gather:
+        if lay.zero_stage not in (1, 2):
+            raise ConfigError(f"--overlap-param-gather with --zero-stage={lay.zero_stage}",
+                              field="--overlap-param-gather",
+                              expected="--zero-stage 1 or 2 (the distributed optimizer's "
+                                       "parameter all-gather)")
+        if lay.data_ranks > 1:
+            split = [overlapped_param_gather_s(c, cc.forward, lay, tiers, system, resolver,
+                                               ctx) for c, cc in zip(chunks, costs)]
+            first_gather = [a for a, _ in split]
+            first_extra = [b for _, b in split]
+            gather_s = [0.0] * lay.pp
     sched = schedule_training(lay.pp, m, lay.virtual_pipeline, PassCosts(
         forward_s=[cc.forward_time.makespan_s for cc in costs],
         backward_s=[cc.backward_time.makespan_s for cc in costs], p2p_s=p2p_s,
         dp_tail_s=tails,
         dp_every_microbatch=every, dp_after_s=dp_after, optimizer_s=optimizer_s,
-        param_gather_s=gather_s), full=full_schedule)
+        param_gather_s=gather_s, param_gather_first_s=first_gather,
+        first_forward_extra_s=first_extra), full=full_schedule)
     ranks = rank_memory(chunks, lay, m, system.device.memory.capacity_bytes, p2p_bytes)
-    breakdown = _breakdown(sched, costs, lay, m, optimizer_s)
+    breakdown = _breakdown(sched, costs, lay, m, optimizer_s, first_extra)
     scale = request.global_batch_size / (request.micro_batch_size * plan.dp) * lay.cp
     model_flops, hw_flops = _flops(chunks, scale)
     peak = _peak(system, precision)
@@ -393,8 +413,79 @@ def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, syst
     return opt, gather, costed_all
 
 
+def param_gather_segments(forward: CostedGraph, last_chunk_holds_head: bool
+                          ) -> list[tuple[float, float]]:
+    """(parameters, compute seconds) of the forward pass's parameter buckets in the order
+    the forward needs them: one per layer (as the gradient buckets), one for the weights
+    outside the layers before them (embedding) and one after them (final norm, LM head);
+    a segment's seconds are its tasks' latencies (one layer of a layer run)."""
+    segs: list[list[float]] = []
+    key_of_prev = None
+    for ct in forward.tasks:
+        t = ct.task
+        key = t.lineage.split(".", 1)[0] if t.layers is not None else ""
+        params = float(t.attributes.get("weight_params", 0) or 0)
+        if t.group == "final.lm_head" and not params and last_chunk_holds_head:
+            params = float(t.inputs[1].numel)  # tied head: the last stage's own copy
+        per_call = ct.latency_s if t.layers is not None else ct.total_latency_s
+        if key != key_of_prev:
+            reps = t.count if t.layers is not None else 1
+            segs.append([0.0, 0.0, float(max(1, reps))])
+            key_of_prev = key
+        segs[-1][0] += params
+        segs[-1][1] += per_call
+    out: list[tuple[float, float]] = []
+    for params, seconds, reps in segs:
+        for _ in range(int(reps)):
+            if params == 0 and out:  # no weights: the previous bucket's compute goes on
+                out[-1] = (out[-1][0], out[-1][1] + seconds)
+            else:
+                out.append((params, seconds))
+    return out
+
+
+def overlapped_param_gather_s(chunk: ChunkGraphs, forward: CostedGraph, lay: TrainingLayout,
+                              tiers: Tiers, system: System, resolver: CostResolver,
+                              ctx) -> tuple[float, float]:
+    """ZeRO-1/2's parameter all-gather overlapped with the chunk's first forward pass
+    (Megatron `--overlap-param-gather`, distributed optimizer at f2e5db402c,
+    megatron/core/optimizer/distrib_optimizer.py: the first bucket's all-gather is
+    launched asynchronously in the step's `zero_grad`, i.e. at its start; a forward
+    pre-hook waits for its module's bucket and then dispatches the next one,
+    `_finish_param_sync_helper`, so one all-gather is in flight at a time). Buckets
+    B_1..B_k in forward order with gather times g_i and compute f_i: returns (g_1, the
+    extra time the pass takes for the later buckets, sum_{i<k} max(0, g_{i+1} - f_i)).
+    The pipeline schedules g_1 from the step's start (`PassCosts.param_gather_first_s`).
+    Expert parameters are gathered as dense ones (over dp x cp)."""
+    segs = param_gather_segments(forward, chunk.chunk == lay.chunks - 1 and lay.chunks > 1)
+    cache: dict[float, float] = {}
+    devices = chunk.forward.tasks[0].devices
+
+    def gather(params: float) -> float:
+        if params not in cache:
+            task = collective_task("dp.param_all_gather", "dp.param_all_gather",
+                                   "all_gather", params * PARAM_BYTES, lay.data_ranks,
+                                   tiers.dp, devices=devices)
+            cache[params] = (_single(task, chunk.forward, system, resolver, ctx)
+                             .tasks[0].total_latency_s) if params > 0 else 0.0
+        return cache[params]
+
+    if not segs:
+        return 0.0, 0.0
+    g = [gather(p) for p, _ in segs]
+    return g[0], pipelined_gather_wait(g, [f for _, f in segs]) - g[0]
+
+
+def pipelined_gather_wait(gather_s: list[float], compute_s: list[float]) -> float:
+    """How much longer k compute segments take when segment i first needs gather i and
+    gather i + 1 is dispatched when segment i starts: g_1 + sum_{i<k} max(0, g_{i+1} - f_i)."""
+    if not gather_s:
+        return 0.0
+    return gather_s[0] + sum(max(0.0, g - f) for g, f in zip(gather_s[1:], compute_s))
+
+
 def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLayout,
-               m: int, optimizer_s: list[float]) -> dict:
+               m: int, optimizer_s: list[float], first_extra: list[float] = ()) -> dict:
     """Time of the rank that finishes last, split so the parts add up to the step time."""
     from perfcast.plan.training import training_order
 
@@ -411,7 +502,13 @@ def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLa
         else:
             out["recompute"] += pt.recompute_s
             out["backward"] += compute - pt.recompute_s
-    out["pp_bubble"] = sched.bubble_s(d)
+    wait = sched.param_gather_wait_s[d] if sched.param_gather_wait_s else 0.0
+    if first_extra:
+        # the first forward of each of the rank's chunks waiting for its later buckets
+        out["dp_comm_exposed"] += sum(first_extra[c] for c in range(d, lay.chunks, lay.pp))
+    # ... and, idle before it, for its first bucket (not hidden by the pipeline fill)
+    out["dp_comm_exposed"] += wait
+    out["pp_bubble"] = sched.bubble_s(d) - wait
     out["optimizer"] = optimizer_s[d]
     out["dp_comm_exposed"] += max(sched.makespan_s - sched.last_pass_end_s[d]
                                   - optimizer_s[d], 0.0)

@@ -78,6 +78,7 @@ class PublishedLayout:
     overlap_grad_reduce: bool | None = None
     attention_kernel: str | None = None    # flash | unfused
     tp_comm_overlap: bool | None = None
+    overlap_param_gather: bool | None = None  # ZeRO-1/2 parameter all-gather under the forward
 
     @property
     def num_devices(self) -> int:
@@ -253,7 +254,9 @@ def _layout(d: Any, source: str, where: str) -> PublishedLayout:
         zero_stage=_get(d, "zero_stage", int, source, where, optional=True),
         overlap_grad_reduce=_get(d, "overlap_grad_reduce", bool, source, where, optional=True),
         attention_kernel=_get(d, "attention_kernel", str, source, where, optional=True),
-        tp_comm_overlap=_get(d, "tp_comm_overlap", bool, source, where, optional=True))
+        tp_comm_overlap=_get(d, "tp_comm_overlap", bool, source, where, optional=True),
+        overlap_param_gather=_get(d, "overlap_param_gather", bool, source, where,
+                                  optional=True))
     if lay.attention_kernel is not None and lay.attention_kernel not in ATTENTION_KERNELS:
         raise ConfigError(f"has value {lay.attention_kernel!r}", source=source,
                           field=f"{where}.attention_kernel",
