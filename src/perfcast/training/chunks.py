@@ -132,13 +132,39 @@ def _cp_exchange(tasks: list[Task], layout: TrainingLayout, tiers: Tiers) -> lis
     return out
 
 
+# SMs Transformer Engine's userbuffers communication kernels occupy while they overlap a
+# GEMM (`initialize_ub` defaults, transformer_engine/pytorch/module/base.py at d0067d0da6
+# and at 8c0a0c934 of 2024-07): `num_sm` 16 for the `pipeline` (GEMM + reduce-scatter:
+# proj_fprop, fc2_fprop) and `bulk` methods (qkv/fc1 dgrad + all-gather of the input for
+# the wgrad, qkv/fc1 wgrad + reduce-scatter of the dgrad); `ring_exchange` (all-gather +
+# GEMM: qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) moves data with the copy engines
+# (`use_ce` true) and takes no SM from the GEMM.
+TE_COMM_SMS = {"pipeline": 16, "bulk": 16, "ring_exchange": 0}
+# SMs per device: NVIDIA A100 whitepaper (108 SMs on A100), H100 whitepaper (132 SMs on H100
+# SXM5); H200 is the same GH100 configuration with more memory.
+DEVICE_SMS = {"a100_sxm": 108, "h100_sxm": 132, "h200_sxm": 132}
+
+
+def te_overlap_method(comm: Task, gemm_before: bool) -> str:
+    """The TE userbuffers method that overlaps this TP collective with its GEMM: a
+    reduction after its GEMM is `pipeline` (forward) or `bulk` (backward, the input-gradient
+    reduce-scatter); the sequence-parallel re-gather of a wgrad's input is `bulk`; the
+    all-gather that feeds a GEMM (forward input, output-gradient before a dgrad) is
+    `ring_exchange`."""
+    if gemm_before or comm.operation != "all_gather":
+        return "bulk" if comm.group.startswith("bwd.") else "pipeline"
+    return "bulk" if comm.group.endswith("input_all_gather") else "ring_exchange"
+
+
 def overlap_tp_comm(tasks: list[Task], tp: int) -> list[Task]:
     """TP communication overlapped with its GEMM (Megatron/Transformer Engine
     `--tp-comm-overlap`: the collective is split into chunks pipelined with the GEMM), as
     a dependency change: a TP collective that follows a GEMM (row-parallel output, dgrad)
     starts with that GEMM, one that feeds a GEMM (sequence-parallel all-gather) runs beside
     it, and whoever consumed either waits for both, so the pair takes max(GEMM, comm)
-    plus what contention adds, instead of their sum."""
+    plus what contention adds, instead of their sum. The GEMM of a pair is marked with its
+    TE method (`tp_overlap_method`): the contention it suffers is priced after the
+    resolver (`estimate.contended`)."""
     if tp == 1:
         return tasks
     by = {t.lineage: t for t in tasks}
@@ -147,6 +173,7 @@ def overlap_tp_comm(tasks: list[Task], tp: int) -> list[Task]:
     for t in tasks:
         for d in t.deps:
             consumers[d].append(t.lineage)
+    method: dict[str, str] = {}  # GEMM lineage -> TE method of the collective it overlaps
     for t in tasks:
         if t.kind is not TaskKind.COMMUNICATION or t.work.participants != tp:
             continue
@@ -156,15 +183,25 @@ def overlap_tp_comm(tasks: list[Task], tp: int) -> list[Task]:
         if len(deps[c]) == 1 and gemm_before:
             g = gemm_before[0]
             deps[c] = list(deps[g])
+            method[g] = te_overlap_method(t, True)
             for x in consumers[c]:
                 deps[x].append(g)
         elif gemm_after:
             for g in gemm_after:
+                method[g] = te_overlap_method(t, False)
                 deps[g] = [d for d in deps[g] if d != c] + [d for d in deps[c]
                                                              if d not in deps[g]]
                 for x in consumers[g]:
                     deps[x].append(c)
-    return [replace(t, deps=tuple(dict.fromkeys(deps[t.lineage]))) for t in tasks]
+    out = []
+    for t in tasks:
+        t = replace(t, deps=tuple(dict.fromkeys(deps[t.lineage])))
+        if t.lineage in method:
+            attrs = dict(t.attributes)
+            attrs["tp_overlap_method"] = method[t.lineage]
+            t = replace(t, attributes=FrozenDict(attrs))
+        out.append(t)
+    return out
 
 
 def _zero3_gathers(tasks: list[Task], runs: dict, layout: TrainingLayout, tiers: Tiers,

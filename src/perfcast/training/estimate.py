@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfcast.core.dtypes import DType, dtype_bytes
 from perfcast.core.errors import ConfigError
@@ -20,7 +20,15 @@ from perfcast.evidence.resolver import CostResolver
 from perfcast.hardware import System, load_system
 from perfcast.plan import PlanOptions, schedule_plan
 from perfcast.plan.training import PassCosts, TrainingSchedule, schedule_training
-from perfcast.training.chunks import ChunkGraphs, Tiers, build_chunk, collective_task, tiers_for
+from perfcast.training.chunks import (
+    DEVICE_SMS,
+    TE_COMM_SMS,
+    ChunkGraphs,
+    Tiers,
+    build_chunk,
+    collective_task,
+    tiers_for,
+)
 from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, PARAM_BYTES, forward_graph
 from perfcast.training.layout import TrainingLayout, check_layout
 from perfcast.training.memory import DeviceMemory, most_loaded, rank_memory
@@ -190,6 +198,43 @@ def _signature(c: ChunkGraphs) -> tuple:
     return (sig(c.forward), sig(c.backward_dp))
 
 
+def contended(costed: CostedGraph, system: System) -> CostedGraph:
+    """A GEMM that overlaps a TP collective through Transformer Engine's userbuffers
+    (`tp_overlap_method`, set by `chunks.overlap_tp_comm`) shares the device with the
+    collective's kernels: TE launches it on S - n of the S SMs (`set_sm_margin`, true for
+    the `pipeline` and `bulk` methods, n = `num_sm` = 16: `initialize_ub` defaults,
+    transformer_engine/pytorch/module/base.py at d0067d0da6; common/comm_gemm_overlap/
+    comm_gemm_overlap.cpp `_math_sms = sm_count - num_comm_sm`), so the resolver's answer
+    for the GEMM on the whole device, less its launch overhead, is stretched by S / (S - n):
+    its tensor-core work runs on fewer SMs for the whole kernel. `ring_exchange` uses the copy engines (no SM taken;
+    their share of HBM bandwidth is not modelled)."""
+    if not any("tp_overlap_method" in ct.task.attributes for ct in costed.tasks):
+        return costed
+    sms = DEVICE_SMS.get(system.device.name)
+    if sms is None:
+        raise ConfigError(f"--tp-comm-overlap on {system.device.name}: its SM count is not "
+                          f"known to the contention model", field="--tp-comm-overlap",
+                          expected=" | ".join(sorted(DEVICE_SMS)) + " (or no overlap)")
+    out = []
+    for ct in costed.tasks:
+        n = TE_COMM_SMS.get(str(ct.task.attributes.get("tp_overlap_method", "")), 0)
+        if n:
+            est = ct.resolution.estimate
+            factor = sms / (sms - n)
+            comps = dict(est.components)
+            launch = float(comps.get("launch_s", 0.0))  # the launch does not use SMs
+            comps["contention_s"] = (est.latency_s - launch) * (factor - 1)
+            est = replace(est, latency_s=est.latency_s + comps["contention_s"],
+                          components=FrozenDict(comps),
+                          assumptions=(*est.assumptions,
+                                       f"overlaps a TP collective (TE userbuffers "
+                                       f"{ct.task.attributes['tp_overlap_method']}): runs on "
+                                       f"{sms - n} of {sms} SMs, latency x {factor:.4f}"))
+            ct = replace(ct, resolution=replace(ct.resolution, estimate=est))
+        out.append(ct)
+    return replace(costed, tasks=tuple(out))
+
+
 def _pass_time(costed: CostedGraph, system: System) -> PassTime:
     tl = schedule_plan([costed], system, PlanOptions())
     path = [tl.tasks[i] for i in tl.critical_path]
@@ -286,9 +331,9 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
     for c in chunks:
         key = _signature(c)
         if key not in by_sig:
-            fwd = cost_graph(c.forward, system.name, resolver, ctx)
-            bwd = cost_graph(c.backward, system.name, resolver, ctx)
-            bdp = cost_graph(c.backward_dp, system.name, resolver, ctx)
+            fwd = contended(cost_graph(c.forward, system.name, resolver, ctx), system)
+            bwd = contended(cost_graph(c.backward, system.name, resolver, ctx), system)
+            bdp = contended(cost_graph(c.backward_dp, system.name, resolver, ctx), system)
             by_sig[key] = ChunkCosts(fwd, bwd, bdp, _pass_time(fwd, system),
                                      _pass_time(bwd, system), _pass_time(bdp, system))
         costs.append(by_sig[key])
@@ -508,7 +553,7 @@ def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLa
         out["dp_comm_exposed"] += sum(first_extra[c] for c in range(d, lay.chunks, lay.pp))
     # ... and, idle before it, for its first bucket (not hidden by the pipeline fill)
     out["dp_comm_exposed"] += wait
-    out["pp_bubble"] = sched.bubble_s(d) - wait
+    out["pp_bubble"] = max(sched.bubble_s(d) - wait, 0.0)
     out["optimizer"] = optimizer_s[d]
     out["dp_comm_exposed"] += max(sched.makespan_s - sched.last_pass_end_s[d]
                                   - optimizer_s[d], 0.0)
