@@ -92,7 +92,8 @@ def serve(wb: Workbench, *, host: str = "127.0.0.1", port: int = 8080) -> None:
     print(f"perfcast workbench on http://{host}:{port}/ (API: /api, OpenAPI: /docs; "
           f"evidence store {wb.evidence_path})", flush=True)
     # tailwind=False: Quasar's classes only (the in-browser Tailwind compiler costs about
-    # half a second per page load)
+    # half a second per page load); reconnect_timeout: a page whose connection drops for
+    # a while (a busy machine) keeps its state instead of being rebuilt after 3 s
     ui.run(host=host, port=port, reload=False, show=False, title="perfcast workbench",
-           show_welcome_message=False, favicon="📈", tailwind=False,
+           show_welcome_message=False, favicon="📈", tailwind=False, reconnect_timeout=30.0,
            uvicorn_logging_level="warning")
