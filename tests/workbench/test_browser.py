@@ -89,8 +89,10 @@ def text(driver, testid: str) -> str:
 
 
 def shoot(driver, shots: Path, name: str) -> None:
-    height = driver.execute_script("return document.body.scrollHeight")
-    driver.set_window_size(1400, min(max(900, height), 4000))
+    height = driver.execute_script(
+        "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight,"
+        " ...[...document.querySelectorAll('.q-page, .nicegui-content')].map(e => e.scrollHeight))")
+    driver.set_window_size(1400, min(max(900, height + 300), 4000))
     driver.execute_script("window.scrollTo(0, 0)")
     time.sleep(0.5)
     path = shots / f"{name}.png"
@@ -114,6 +116,11 @@ def test_evidence_page(browser, server, shots):
     names = browser.execute_script(
         "return document.querySelector('[data-testid=\"kernel-curve\"]').data.map(t => t.name)")
     assert {"measured", "roofline", "database + interpolation", "calibrated"} <= set(names)
+    time.sleep(1)  # a second drawing (a race between selections) would be there by now
+    assert browser.execute_script(
+        "return document.querySelectorAll('[data-testid=\"kernel-curve\"]').length") == 1
+    assert browser.execute_script(
+        "return document.querySelectorAll('[data-testid=\"heatmap\"]').length") == 1
     assert errors(browser) == []
     shoot(browser, shots, "evidence")
 

@@ -38,7 +38,8 @@ def register(wb, jobs) -> None:
 
         options = {r["digest"]: f"{r['digest'][7:19]} {r['name']}" for r in rows}
         with ui.row().classes("items-end"):
-            snap = ui.select(options, value=rows[0]["digest"], label="snapshot") \
+            largest = max(rows, key=lambda r: r["rows"])["digest"]
+            snap = ui.select(options, value=largest, label="snapshot") \
                 .style("width: 24rem").props('data-testid="snapshot"')
             family = ui.select(list(views.CURVE_FAMILIES), value="gemm", label="kernel family") \
                 .style("width: 10rem")
@@ -47,10 +48,16 @@ def register(wb, jobs) -> None:
                 .props('data-testid="curve-select"')
         heat_box = ui.column().classes("full-width")
         curve_box = ui.column().classes("full-width")
-        state: dict = {"series": []}
+        # each drawing takes a turn; one overtaken by a later call (a selection that
+        # changed meanwhile, or the event a set_options fires) draws nothing
+        state: dict = {"curves": [], "heatmap": 0, "series": 0, "curve": 0}
+
+        def turn(what: str) -> int:
+            state[what] += 1
+            return state[what]
 
         async def load_snapshot() -> None:
-            heat_box.clear()
+            gen = turn("heatmap")
             try:
                 digest, db = await run.io_bound(wb.database, snap.value)
                 h = await run.io_bound(wb.cached, (digest, "heatmap"),
@@ -58,31 +65,33 @@ def register(wb, jobs) -> None:
             except Exception as exc:  # noqa: BLE001
                 show_error(heat_box, exc)
                 return
+            if gen != state["heatmap"]:
+                return  # a later call draws
+            heat_box.clear()
             with heat_box:
                 ui.plotly(figures.heatmap_figure(h)).classes("full-width") \
                     .props('data-testid="heatmap"')
             dtypes = sorted({f.split(" ")[1] for f in h["families"]
                              if f.split(" ")[0] == family.value}) or ["bf16"]
-            state["quiet"] = True
             dtype.set_options(dtypes, value="bf16" if "bf16" in dtypes else dtypes[0])
-            state["quiet"] = False
             await load_series()
 
         async def load_series() -> None:
+            gen = turn("series")
             try:
                 digest, db = await run.io_bound(wb.database, snap.value)
                 op, dt = family.value, dtype.value
-                state["series"] = await run.io_bound(wb.cached, (digest, "series", op, dt),
+                state["curves"] = await run.io_bound(wb.cached, (digest, "series", op, dt),
                                                      lambda: views.series(db, op, dt))
             except Exception as exc:  # noqa: BLE001
                 show_error(curve_box, exc)
                 return
-            state["quiet"] = True
+            if gen != state["series"]:
+                return
             curve_sel.set_options({i: f"{s['label']} ({s['points']} points)"
-                                   for i, s in enumerate(state["series"][:200])},
-                                  value=0 if state["series"] else None)
-            state["quiet"] = False
-            if state["series"]:
+                                   for i, s in enumerate(state["curves"][:200])},
+                                  value=0 if state["curves"] else None)
+            if state["curves"]:
                 await draw_curve()
             else:
                 curve_box.clear()
@@ -90,10 +99,10 @@ def register(wb, jobs) -> None:
                     ui.label(f"no {family.value} {dtype.value} rows in this snapshot")
 
         async def draw_curve() -> None:
-            if curve_sel.value is None or not state["series"]:
+            if curve_sel.value is None or not state["curves"]:
                 return
-            s = state["series"][curve_sel.value]
-            curve_box.clear()
+            gen = turn("curve")
+            s = state["curves"][curve_sel.value]
             try:
                 digest, db = await run.io_bound(wb.database, snap.value)
                 resolvers = await run.io_bound(wb.curve_resolvers, digest,
@@ -105,20 +114,17 @@ def register(wb, jobs) -> None:
             except Exception as exc:  # noqa: BLE001
                 show_error(curve_box, exc)
                 return
+            if gen != state["curve"]:
+                return
+            curve_box.clear()
             with curve_box:
                 ui.plotly(figures.curve_figure(c)).classes("full-width") \
                     .props('data-testid="kernel-curve"')
 
-        def unless_quiet(handler):
-            async def run_it() -> None:
-                if not state.get("quiet"):
-                    await handler()
-            return run_it
-
-        snap.on_value_change(unless_quiet(load_snapshot))
-        family.on_value_change(unless_quiet(load_snapshot))
-        dtype.on_value_change(unless_quiet(load_series))
-        curve_sel.on_value_change(unless_quiet(draw_curve))
+        snap.on_value_change(load_snapshot)
+        family.on_value_change(load_snapshot)
+        dtype.on_value_change(load_series)
+        curve_sel.on_value_change(draw_curve)
         # the catalog goes out at once; the heatmap and curves follow over the websocket
         await ui.context.client.connected()
         await load_snapshot()
