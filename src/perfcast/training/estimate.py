@@ -47,8 +47,9 @@ FLOP_CONVENTION = (
     "GEMMs, attention gradients), without any recomputation, work replicated over TP "
     "ranks counted once; MFU = model FLOPs / (devices x matrix peak of the dtype x step "
     "time). HFU counts what the devices run: plus selective/full recompute, "
-    "FlashAttention's in-kernel recompute of QK^T (0.5 x forward attention) and "
-    "replicated work")
+    "FlashAttention's in-kernel recompute of QK^T (0.5 x forward attention) or, with the "
+    "unfused kernel, the full s x s square of its batched GEMMs and its softmax and "
+    "dropout, and replicated work")
 DP_GROUPS = ("dp.", "zero3.", "bwd.zero3.")
 
 
