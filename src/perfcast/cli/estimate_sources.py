@@ -50,15 +50,15 @@ def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
                    allow_foreign: bool) -> EvidenceLayer:
     """Measured providers (read through `MeasuredView`, as serving reads them) of each
     `--evidence` source, checked against the estimate's system."""
+    layer = EvidenceLayer()
+    if not refs:   # no evidence: none of the database machinery is imported
+        return layer
     from perfcast.estimate import ForeignEvidence
     from perfcast.evidence.chain import evidence_providers
     from perfcast.evidence.measured_view import MeasuredView
     from perfcast.evidence.profiling.devices import same_device
     from perfcast.evidence.store import EvidenceStore, open_evidence
 
-    layer = EvidenceLayer()
-    if not refs:
-        return layer
     layer.databases = [open_evidence(r, hardware=system.name, store=EvidenceStore(store))
                        for r in refs]
     foreign: dict[int, str] = {}

@@ -36,8 +36,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from perfcast.core.canonical import content_digest
 from perfcast.core.dtypes import engine_dtype
 from perfcast.core.errors import ConfigError
@@ -108,16 +106,23 @@ def params_of(cls: str) -> tuple[Param, ...]:
 def curve_latency_s(cls: str, theta: Sequence[float], flops, nbytes, peak, bw, ideal):
     """Modelled latency in seconds (numpy arrays or floats). Operators use `flops`,
     `nbytes` (read + written), `peak` ops/s and HBM `bw` bytes/s; collectives only
-    `ideal` (the ring bandwidth term at the link's bare bandwidth). Always >= ideal."""
-    ideal = np.maximum(np.asarray(ideal, dtype=float), 1e-15)
+    `ideal` (the ring bandwidth term at the link's bare bandwidth). Always >= ideal.
+    Floats are computed without numpy (a query need not import it)."""
+    if all(isinstance(v, (int, float)) for v in (flops, nbytes, ideal) if v is not None):
+        maximum, as_float = max, float
+    else:
+        import numpy as np
+
+        maximum, as_float = np.maximum, (lambda v: np.asarray(v, dtype=float))
+    ideal = maximum(as_float(ideal), 1e-15)
     if is_collective(cls):
         e_bw, lg_half, h, t0_us = theta
         core = ideal / e_bw
     else:
         e_c, e_m, q, lg_half, h, t0_us = theta
-        tc = np.asarray(flops, dtype=float) / (peak * e_c)
-        tm = np.asarray(nbytes, dtype=float) / (bw * e_m)
-        top = np.maximum(np.maximum(tc, tm), 1e-15)
+        tc = as_float(flops) / (peak * e_c)
+        tm = as_float(nbytes) / (bw * e_m)
+        top = maximum(maximum(tc, tm), 1e-15)
         core = top * ((tc / top) ** q + (tm / top) ** q) ** (1.0 / q)
     return 1e-6 * t0_us + core * (1.0 + (10.0 ** lg_half / ideal) ** h)
 
