@@ -106,6 +106,25 @@ def test_a_bad_parquet_row_is_named(tmp_path, column, value, needles):
             "gemm_perf.parquet", *needles)
 
 
+def test_zero_sized_parquet_rows_are_left_out_and_said(tmp_path):
+    """A real H100 table (gemm/trtllm/1.2.0rc5) holds m = 0 rows: no query asks a
+    zero-sized shape, so they are left out of the snapshot and the report names them;
+    the rest imports (a negative size stays an error, above)."""
+    folder = tmp_path / "h100_sxm" / "gemm" / "vllm" / "0.19.0"
+    shutil.copytree(AIC / "gemm" / "vllm" / "0.19.0", folder)
+    t = pq.read_table(folder / "gemm_perf.parquet")
+    values = t.column("m").to_pylist()
+    values[5] = values[7] = 0
+    i = t.column_names.index("m")
+    pq.write_table(t.set_column(i, "m", pa.array(values, t.schema.field("m").type)),
+                   folder / "gemm_perf.parquet")
+    out = run("import", "aiconfigurator", tmp_path / "h100_sxm", "--store", tmp_path / "store")
+    assert out.exit_code == 0, out.output
+    assert f"{t.num_rows - 2} records" in out.output
+    assert "left out 2 row(s) of gemm/vllm/0.19.0/gemm_perf.parquet" in out.output
+    assert "zero-sized shape (m=0)" in out.output and "(rows 5, 7)" in out.output
+
+
 @pytest.mark.parametrize("csv_text,needles", [
     ("id,op,M,t_us\na,gemm,1,2\nb,gemm,2,2,9\n",
      ("lab.csv", "row 1 (line 3)", "5 cells, the header has 4")),

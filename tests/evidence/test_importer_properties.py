@@ -89,7 +89,7 @@ def test_a_csv_row_with_more_or_fewer_cells_is_named(folder, rows, data):
 
 
 PARQUET_BAD = [("latency", -1.0), ("latency", 0.0), ("latency", float("nan")),
-               ("latency", None), ("m", None), ("m", 0), ("m", -5), ("gemm_dtype", None),
+               ("latency", None), ("m", None), ("m", -5), ("gemm_dtype", None),
                ("gemm_dtype", "fp7"), ("kernel_source", None)]
 
 
@@ -111,6 +111,29 @@ def test_a_bad_parquet_row_fails_the_table_naming_the_row(folder, data):
     first_bad = row if column != "gemm_dtype" or value is None else \
         min(r for r, v in enumerate(values) if v == "fp7")
     assert f"'{column}'" in text and (f"row {first_bad}" in text or "fp7" in text), text
+
+
+@SETTINGS
+@given(st.data())
+def test_zero_sized_parquet_rows_are_left_out_and_listed(folder, data):
+    table = pq.read_table(GEMM)
+    rows = sorted(data.draw(st.sets(st.integers(0, table.num_rows - 1), min_size=1,
+                                    max_size=8)))
+    column = data.draw(st.sampled_from(["m", "n", "k"]))
+    values = table.column(column).to_pylist()
+    for r in rows:
+        values[r] = 0
+    i = table.column_names.index(column)
+    table = table.set_column(i, column, pa.array(values, table.schema.field(column).type))
+    pq.write_table(table, folder / "gemm_perf.parquet")
+    db = import_table(folder / "gemm_perf.parquet", hardware="h100_sxm", framework="vllm",
+                      version="0.19.0")
+    assert len(db) == table.num_rows - len(rows)
+    left = db.sources[0]["left_out"]
+    assert left["rows"] == len(rows) and left["first_rows"] == rows[:5]
+    assert f"{column}=0" in left["reason"]
+    kept = {int(r.rsplit("#", 1)[1]) for r in db.table.column("record_id").to_pylist()}
+    assert kept.isdisjoint(rows) and len(kept) == len(db)
 
 
 def test_the_property_tables_import_when_nothing_is_broken(folder):

@@ -219,6 +219,7 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         raise ConfigError("table has no rows", source=src)
     hardware = table_system(table, hardware, src)
     columns: dict[str, pa.Array] = {}
+    zero_sized: dict[str, np.ndarray] = {}   # shape key -> rows where it is 0
     for key, make in mapping.selectors:
         made = make(table, src)
         if made is None:
@@ -232,11 +233,13 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
             raise ConfigError(f"expected integers, found {arr.type}{_first_fraction(arr)}",
                               source=src, field=key)
         if kind == "int" and key not in OPTIONAL_SELECTORS:
-            small = np.asarray(arr.to_numpy(zero_copy_only=False)) <= 0
-            if small.any():
-                row = int(np.argmax(small))
+            sizes = np.asarray(arr.to_numpy(zero_copy_only=False))
+            if (sizes < 0).any():
+                row = int(np.argmax(sizes < 0))
                 raise ConfigError(f"row {row}: {arr[row].as_py()} is not a positive size",
                                   source=src, field=key, expected="an integer > 0")
+            if (sizes == 0).any():
+                zero_sized[key] = sizes == 0
         columns[selector_column(key, kind)] = arr
     fw = framework.lower()
     impl = table.column("kernel_source").combine_chunks().cast(pa.string())
@@ -291,6 +294,17 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         "metadata": const("", n),
     })
     source = {"path": rel, "digest": digest, "rows": n, "revision": revision, **meta}
+    if zero_sized:
+        # a zero-sized shape answers no query (query dims are > 0): left out, and said
+        dropped = np.logical_or.reduce(list(zero_sized.values()))
+        keep = pa.array(~dropped)
+        columns = {k: v.filter(keep) for k, v in columns.items()}
+        rows = np.flatnonzero(dropped)
+        source["left_out"] = {
+            "reason": "zero-sized shape (" + ", ".join(f"{k}=0" for k in sorted(zero_sized))
+                      + "): no query asks it",
+            "rows": int(len(rows)), "first_rows": [int(r) for r in rows[:5]]}
+        source["rows"] = n - int(len(rows))
     return PerformanceDatabase.from_columns(columns, name=f"aiconfigurator:{rel}",
                                             sources=[source])
 
