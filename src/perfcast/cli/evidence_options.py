@@ -18,3 +18,6 @@ AllowForeignOption = Annotated[bool, typer.Option(
     "--allow-foreign-evidence", help="use evidence measured on another device than "
                                      "--device (every such answer says so)")]
 RuntimeVersionOption = Annotated[str, typer.Option("--runtime-version")]
+RuntimeOption = Annotated[str, typer.Option("--runtime", help="runtime of the evidence to use")]
+ImplementationOption = Annotated[Optional[list[str]], typer.Option(
+    "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")]

@@ -15,6 +15,8 @@ from perfcast.cli.evidence_options import (
     AllowForeignOption,
     EvidenceOption,
     EvidencePolicyOption,
+    ImplementationOption,
+    RuntimeOption,
     RuntimeVersionOption,
     StoreOption,
 )
@@ -71,10 +73,9 @@ def train_command(
         "--chrome-trace", help="write the pipeline schedule as a Chrome trace JSON (every "
                                "microbatch scheduled)")] = None,
     evidence: EvidenceOption = None,
-    runtime: Annotated[str, typer.Option(help="runtime of the evidence to use")] = "",
+    runtime: RuntimeOption = "",
     runtime_version: RuntimeVersionOption = "",
-    implementation: Annotated[Optional[list[str]], typer.Option(
-        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
+    implementation: ImplementationOption = None,
     evidence_policy: EvidencePolicyOption = "interpolate",
     store: StoreOption = None,
     allow_foreign_evidence: AllowForeignOption = False,

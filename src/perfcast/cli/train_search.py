@@ -20,6 +20,8 @@ from perfcast.cli.evidence_options import (
     AllowForeignOption,
     EvidenceOption,
     EvidencePolicyOption,
+    ImplementationOption,
+    RuntimeOption,
     RuntimeVersionOption,
     StoreOption,
 )
@@ -252,10 +254,9 @@ def train_search_command(
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     evidence: EvidenceOption = None,
-    runtime: Annotated[str, typer.Option(help="runtime of the evidence to use")] = "",
+    runtime: RuntimeOption = "",
     runtime_version: RuntimeVersionOption = "",
-    implementation: Annotated[Optional[list[str]], typer.Option(
-        "--implementation", help="KERNEL (every op) or OP=KERNEL (repeat)")] = None,
+    implementation: ImplementationOption = None,
     evidence_policy: EvidencePolicyOption = "interpolate",
     store: StoreOption = None,
     allow_foreign_evidence: AllowForeignOption = False,
