@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import build_resolver
 from perfcast.hardware import load_system
 from perfcast.workload import Batch, ParallelPlan
 
@@ -37,7 +38,7 @@ def main() -> None:
     estimate_step(REQUEST)  # warm-up: loads catalog files, imports
     fresh = timed(lambda: estimate_step(REQUEST), 50)
     system = load_system("h100_sxm")
-    resolver = make_resolver(system)
+    resolver = build_resolver(system)
     reused = timed(lambda: estimate_step(REQUEST, resolver), 50)
     exe = Path(sys.executable).with_name("perfcast")
     cli = timed(lambda: subprocess.run([str(exe), *ARGS], check=True, capture_output=True), 5)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from perfcast.core.frozen import FrozenDict
-from perfcast.estimate import make_resolver
+from perfcast.evidence.factory import build_resolver
 from perfcast.evidence.chain import batch_gc, evidence_providers
 from perfcast.evidence.contracts import CostQuery, CostQueryContext, CostSubject
 from perfcast.evidence.importers.aiconfigurator import import_system
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     db = import_system(args.data, hardware="h100_sxm")
     t1 = time.perf_counter()
-    resolver = make_resolver(system, evidence=evidence_providers([db], system, "interpolate"))
+    resolver = build_resolver(system, evidence=evidence_providers([db], system, "interpolate"))
     t2 = time.perf_counter()
 
     rng = np.random.default_rng(args.seed)

@@ -14,7 +14,8 @@ import argparse
 import statistics
 import time
 
-from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import build_resolver
 from perfcast.evidence.costing import cost_graph
 from perfcast.hardware import load_system
 from perfcast.plan import OverlapMode, PlanOptions, schedule_plan, split_batch
@@ -41,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     system = load_system("h100_sxm")
     model = load_model_spec(MODEL)
-    resolver = make_resolver(system)
+    resolver = build_resolver(system)
     print(f"{MODEL} TP{PLAN.tp} PP{PLAN.pp} prefill {BATCH.num_requests}x"
           f"{BATCH.segments[0].q_tokens} tokens on {system.name}; median of {args.repeat}")
     print(f"{'overlap':<18}{'mode':<12}{'instances':>10}{'schedule ms':>13}{'makespan ms':>13}"

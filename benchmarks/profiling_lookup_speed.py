@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import build_resolver
 from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
 from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
 from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
@@ -29,13 +30,13 @@ def run(label, system, request, database=None, interpolate=False, repeat=5):
     for _ in range(repeat):
         t0 = time.perf_counter()
         if database is None:
-            resolver = make_resolver(system)
+            resolver = build_resolver(system)
         else:
             src = ProfilingDataSource(database, system, request.plan)
             if interpolate:
                 src = InterpolatingDataSource(src)
-            pm = EmpiricalPerformanceModel(system, src, fallback_model=make_resolver(system))
-            resolver = make_resolver(system, [pm])
+            pm = EmpiricalPerformanceModel(system, src, fallback_model=build_resolver(system))
+            resolver = build_resolver(system, [pm])
         result = estimate_step(request, resolver)
         elapsed = time.perf_counter() - t0
         first = elapsed if first is None else first

@@ -167,7 +167,7 @@ def answered_by(res) -> dict[str, float]:
 def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_ROOT,
                  virtual_pipeline: int | None = None) -> dict:
     from perfcast.core.errors import PerfcastError
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
     from perfcast.training import TrainingRequest, estimate_training
     from perfcast.training.search import layout_label
@@ -202,7 +202,7 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
                               overlap_param_gather=values["overlap_param_gather"]
                               and values["zero_stage"] in (1, 2))
         t0 = time.perf_counter()
-        res = estimate_training(req, make_resolver(system, providers))
+        res = estimate_training(req, build_resolver(system, providers))
         out["wall_s"] = time.perf_counter() - t0
     except PerfcastError as exc:
         out["error"] = str(exc)

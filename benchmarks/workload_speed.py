@@ -12,7 +12,8 @@ import argparse
 import statistics
 import time
 
-from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import build_resolver
 from perfcast.hardware import load_system
 from perfcast.workload import Batch, ParallelPlan, build_task_graph, load_model_spec
 
@@ -35,12 +36,12 @@ def time_case(model: str, plan: ParallelPlan, repeats: int, fresh_resolver: bool
     system = load_system("h200_sxm")
     batch = Batch.decode(256, 4096)
     request = EstimateRequest(model=spec, device=system, plan=plan, batch=batch)
-    resolver = make_resolver(system)
+    resolver = build_resolver(system)
     estimate_step(request, resolver)  # warm-up: imports, caches
     step_s, build_s = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        result = estimate_step(request, make_resolver(system) if fresh_resolver else resolver)
+        result = estimate_step(request, build_resolver(system) if fresh_resolver else resolver)
         step_s.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         build_task_graph(spec, plan, batch)

@@ -10,7 +10,7 @@ from evidence_helpers import gemm_query, make_record
 
 import perfcast.evidence.database as database
 from perfcast.core.errors import AmbiguousEvidenceError, InvalidEvidenceError
-from perfcast.estimate import make_resolver
+from perfcast.evidence.factory import build_resolver
 from perfcast.evidence.catalog import Catalog, build_catalog
 from perfcast.evidence.chain import evidence_providers, resolution_json
 from perfcast.evidence.database import PerformanceDatabase
@@ -63,7 +63,7 @@ QUERIES = [
 
 
 def _answers(db, system):
-    resolver = make_resolver(system, evidence=evidence_providers([db], system, "interpolate"))
+    resolver = build_resolver(system, evidence=evidence_providers([db], system, "interpolate"))
     out = []
     for q in QUERIES:
         q = dict(q)

@@ -11,7 +11,7 @@ from perfcast.core.errors import AmbiguousEvidenceError
 from perfcast.evidence.contracts import EstimateMethod, MatchKind, Miss
 from perfcast.evidence.database import PerformanceDatabase
 from perfcast.evidence.provider_db import PerformanceDatabaseProvider
-from perfcast.estimate import make_resolver
+from perfcast.evidence.factory import build_resolver
 from perfcast.hardware import load_system
 
 
@@ -59,7 +59,7 @@ def test_two_equally_specific_groups_are_ambiguous_even_behind_a_fallback():
                  make_record(9e-3, {"m": 8, "n": 16, "k": 32}, source="lab-b"))
     with pytest.raises(AmbiguousEvidenceError, match="lab-a.*lab-b"):
         p.estimate(gemm_query(8, 16, 32))
-    resolver = make_resolver(load_system("h100_sxm"), evidence=[p])
+    resolver = build_resolver(load_system("h100_sxm"), evidence=[p])
     with pytest.raises(AmbiguousEvidenceError):
         resolver.resolve(gemm_query(8, 16, 32))
 
@@ -94,7 +94,7 @@ def test_core_identity_filters_hardware_and_dtype():
 
 def test_resolver_falls_back_to_roofline_on_a_miss():
     p = provider(make_record(1e-3, {"m": 8, "n": 16, "k": 32}))
-    resolver = make_resolver(load_system("h100_sxm"), evidence=[p])
+    resolver = build_resolver(load_system("h100_sxm"), evidence=[p])
     res = resolver.resolve(gemm_query(64, 16, 32))
     assert res.estimate.provider == "roofline"
     assert res.attempts[0].outcome.value == "miss" and "m=64" in res.attempts[0].reason

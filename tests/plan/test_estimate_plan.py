@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
-from perfcast.estimate import EstimateRequest, estimate_step
+from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.report.chrome_trace import chrome_trace_events
 from perfcast.report.step import step_json
 from perfcast.workload import Batch, ParallelPlan

@@ -4,7 +4,8 @@ import pytest
 from profiling_helpers import DB
 
 from perfcast.core.errors import InvalidEvidenceError
-from perfcast.estimate import EstimateRequest, default_providers, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import analytic_providers, build_resolver
 from perfcast.evidence.contracts import AttemptOutcome, EstimateMethod, MatchKind
 from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
 from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
@@ -15,14 +16,14 @@ from perfcast.workload import Batch, ParallelPlan
 
 @pytest.fixture
 def pm(a3, ds):
-    return EmpiricalPerformanceModel(a3, ds, fallback_model=make_resolver(a3))
+    return EmpiricalPerformanceModel(a3, ds, fallback_model=build_resolver(a3))
 
 
 @pytest.fixture
 def step(a3, pm):
     request = EstimateRequest(model="Qwen/Qwen3-8B", device=a3, plan=ParallelPlan(tp=2),
                               batch=Batch.decode(8, 2048))
-    resolver = CostResolver([pm, *default_providers(a3)])
+    resolver = CostResolver([pm, *analytic_providers(a3)])
     return estimate_step(request, resolver)
 
 
@@ -38,7 +39,7 @@ def test_full_hit_is_measured_with_statistics(step):
     assert s["kernel_shapes"] == "8,4096;3072,4096" and s["simulation_shapes"] == "8,4096;4096,3072"
     assert est.raw_record_ids == ("MatMulV2.csv#1",)
     # the analytic latency is kept as the M5 weight, and equals the roofline answer
-    roof = make_resolver(step.system).resolve(query_for_task(ct.task, step.system.name))
+    roof = build_resolver(step.system).resolve(query_for_task(ct.task, step.system.name))
     assert s["analytic_latency_s"] == pytest.approx(roof.estimate.latency_s)
 
 
@@ -96,7 +97,7 @@ def test_broken_csv_is_an_error_not_a_fallback(a3, tmp_path):
     pm = EmpiricalPerformanceModel(a3, ProfilingDataSource(tmp_path, a3))
     request = EstimateRequest(model="Qwen/Qwen3-0.6B", device=a3)
     with pytest.raises(InvalidEvidenceError, match="no latency column"):
-        estimate_step(request, CostResolver([pm, *default_providers(a3)]))
+        estimate_step(request, CostResolver([pm, *analytic_providers(a3)]))
 
 
 def test_revision_tracks_the_database(a3, tmp_path):

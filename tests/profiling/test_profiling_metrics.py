@@ -88,15 +88,16 @@ def test_empty_report():
 
 
 def test_metrics_from_a_costed_step(a3, ds):
-    from perfcast.estimate import EstimateRequest, default_providers, estimate_step, make_resolver
+    from perfcast.plan.step import EstimateRequest, estimate_step
+    from perfcast.evidence.factory import analytic_providers, build_resolver
     from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
     from perfcast.evidence.resolver import CostResolver
     from perfcast.workload import Batch, ParallelPlan
 
-    pm = EmpiricalPerformanceModel(a3, ds, fallback_model=make_resolver(a3))
+    pm = EmpiricalPerformanceModel(a3, ds, fallback_model=build_resolver(a3))
     r = estimate_step(EstimateRequest(model="Qwen/Qwen3-8B", device=a3, plan=ParallelPlan(tp=2),
                                       batch=Batch.decode(8, 2048)),
-                      CostResolver([pm, *default_providers(a3)]))
+                      CostResolver([pm, *analytic_providers(a3)]))
     c = MetricsCollector()
     c.collect_from_costed(r.costed)
     m1 = c.m1()

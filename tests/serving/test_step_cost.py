@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfcast.estimate import EstimateRequest, estimate_step
+from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.hardware import load_system
 from perfcast.serving.backends import CudaGraphConfig, Overheads, load_backend
 from perfcast.serving.step_cost import StepCostModel, StepShape, grid_nodes, serving_resolver

@@ -50,7 +50,7 @@ def _dur(sched, label):
 
 
 def test_step_between_free_and_exposed_and_equal_to_the_derivation():
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
     from perfcast.evidence.costing import cost_graph
     from perfcast.training.chunks import collective_task
 
@@ -62,7 +62,7 @@ def test_step_between_free_and_exposed_and_equal_to_the_derivation():
     assert free < on.step_time_s < off.step_time_s
     # each bucket's all-gather (params x 2 bytes over the 4 DP ranks) and compute
     segs = param_gather_segments(on.costs[0].forward, last_chunk_holds_head=False)
-    resolver = make_resolver(on.system)
+    resolver = build_resolver(on.system)
     fwd = on.chunks[0].forward
 
     def g(params):

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from perfcast.core.errors import ConfigError
-from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+from perfcast.plan.step import EstimateRequest, estimate_step
+from perfcast.evidence.factory import build_resolver
 from perfcast.hardware import load_system
 from perfcast.plan.training import PassCosts, schedule_training, training_order
 from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
@@ -90,7 +91,7 @@ def test_pipeline_bubble_and_breakdown_add_up():
 @pytest.mark.parametrize("model,tp,pp", [(LLAMA, 2, 1), (LLAMA, 2, 2), (GPT, 1, 1)])
 def test_forward_pass_equals_the_inference_estimate_task_by_task(model, tp, pp):
     system = load_system("h100_sxm")
-    resolver = make_resolver(system)
+    resolver = build_resolver(system)
     mbs, seq = 2, 256
     inference = estimate_step(EstimateRequest(model=model, device=system,
                                               plan=ParallelPlan(tp=tp, pp=pp),

@@ -165,7 +165,8 @@ def test_missing_linear_attention_field_is_named():
 
 
 def test_pattern_built_as_four_strided_runs_and_scheduled():
-    from perfcast.estimate import EstimateRequest, estimate_step, make_resolver
+    from perfcast.plan.step import EstimateRequest, estimate_step
+    from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
 
     g = graph()
@@ -177,7 +178,7 @@ def test_pattern_built_as_four_strided_runs_and_scheduled():
     for plan in (ParallelPlan(), ParallelPlan(pp=2)):
         r = estimate_step(EstimateRequest(model=load_model_spec(Q397), device=system,
                                           plan=plan, batch=Batch.decode(16, 8192)),
-                          make_resolver(system))
+                          build_resolver(system))
         assert 0 < r.latency_s < float("inf")
 
 

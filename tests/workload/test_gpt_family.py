@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from perfcast.core.errors import UnsupportedModelError
-from perfcast.estimate import EstimateRequest, estimate_step
+from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.workload import Batch, ParallelPlan, build_task_graph, model_spec_from_config
 
 # GPT-2 small as published (HF gpt2 config.json fields)

@@ -34,7 +34,7 @@ from perfcast.cli.estimate_sources import (
 )
 from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
-from perfcast.estimate import EstimateRequest, estimate_step
+from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.hardware import load_system
 from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision, load_model_spec
 from perfcast.workload.quant import precision_for_model

@@ -53,7 +53,7 @@ def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
     layer = EvidenceLayer()
     if not refs:   # no evidence: none of the database machinery is imported
         return layer
-    from perfcast.estimate import ForeignEvidence
+    from perfcast.evidence.foreign import ForeignEvidence
     from perfcast.evidence.chain import evidence_providers
     from perfcast.evidence.measured_view import MeasuredView
     from perfcast.evidence.profiling.devices import same_device
@@ -90,7 +90,7 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
                        allow_foreign: bool, calibrated: list):
     """(EmpiricalPerformanceModel, source description) of `--profiling-database`, checked
     against the estimate's system. Its M5 weight comes from the analytic models."""
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
     from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
     from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
     from perfcast.evidence.profiling.devices import same_device
@@ -112,7 +112,7 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
         source = ProfilingDataSource(database, system, request.plan, lookup_device=declared)
     if interpolate:
         source = InterpolatingDataSource(source)
-    analytic = make_resolver(system, list(calibrated), roofline_mode=request.roofline_mode)
+    analytic = build_resolver(system, list(calibrated), roofline_mode=request.roofline_mode)
     provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic,
                                          foreign_device=foreign)
     info = {"path": str(database), "device": declared or None,
@@ -125,13 +125,13 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
 def model_resolver(name: str, request, system, layer: EvidenceLayer, calibrated: list,
                    profiling=None):
     """The resolver of one performance model (None: the default analytic one)."""
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
 
     first = [profiling] if name == "profiling" else []
     chain = [*first, *layer.providers, *calibrated]
     if not chain:
         return None
-    return make_resolver(system, chain, roofline_mode=request.roofline_mode)
+    return build_resolver(system, chain, roofline_mode=request.roofline_mode)
 
 
 def provider_counts(result) -> dict[str, int]:

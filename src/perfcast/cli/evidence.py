@@ -305,14 +305,14 @@ class _Resolvers:
         return self._names[hardware]
 
     def get(self, hardware: str):
-        from perfcast.estimate import make_resolver
+        from perfcast.evidence.factory import build_resolver
         from perfcast.evidence.chain import evidence_providers
         from perfcast.hardware import load_system
 
         hit = self._by_system.get(hardware)
         if hit is None:
             system = load_system(self._load.get(hardware, hardware))
-            hit = self._by_system[hardware] = make_resolver(
+            hit = self._by_system[hardware] = build_resolver(
                 system, evidence=evidence_providers([self.db], system, self.policy))
             if hardware not in self.held:
                 print(f"note: {self.ref} holds evidence for {', '.join(self.held) or 'no system'}"

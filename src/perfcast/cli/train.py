@@ -84,7 +84,7 @@ def train_command(
     """Estimate one training step: step time, tokens/s, MFU/HFU, memory per device and
     where the time goes, every op costed by the same resolver as `perfcast estimate`."""
     with user_errors():
-        from perfcast.estimate import make_resolver
+        from perfcast.evidence.factory import build_resolver
         from perfcast.hardware import load_system
         from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
         from perfcast.workload import load_model_spec
@@ -104,7 +104,7 @@ def train_command(
         layer = evidence_layer(system, evidence or [], evidence_policy, store,
                                allow_foreign_evidence)
         chain = [*layer.providers, *calibrated_for(device, revision)]
-        resolver = make_resolver(system, chain) if chain else None
+        resolver = build_resolver(system, chain) if chain else None
         request = TrainingRequest(model=spec, device=system, layout=layout,
                                   global_batch_size=global_batch_size,
                                   micro_batch_size=micro_batch_size, seq_length=seq_length,

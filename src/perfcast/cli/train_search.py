@@ -129,10 +129,10 @@ def _providers(device: str, calibration: str, evidence: tuple[str, ...], policy:
 def make_search_resolver(device: str, calibration: str, evidence: tuple[str, ...],
                          policy: str, store: str | None, allow_foreign: bool):
     """A fresh resolver over the cached provider chain (one per chunk of layouts)."""
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
 
-    return make_resolver(load_system(device),
+    return build_resolver(load_system(device),
                          _providers(device, calibration, evidence, policy, store, allow_foreign))
 
 

@@ -1,7 +1,7 @@
 """The evidence part of a resolver chain: exact databases first, then interpolation.
 
-`make_resolver(system, evidence=evidence_providers(...))` appends the analytic roofline
-and collective models after them. Policies: `exact` (databases only), `interpolate`
+`build_resolver(system, evidence=evidence_providers(...))` (`evidence.factory`) appends
+the analytic roofline and collective models after them. Policies: `exact` (databases only), `interpolate`
 (plus bracketed interpolation), `extrapolate` (plus bounded extrapolation).
 """
 

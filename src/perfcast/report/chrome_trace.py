@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfcast.estimate import StepResult
+from perfcast.plan.step import StepResult
 from perfcast.plan import ScheduledTask, Timeline
 
 
@@ -56,7 +56,8 @@ def _instance_args(st: ScheduledTask) -> dict[str, Any]:
 
 def chrome_trace_events(result: StepResult) -> list[dict[str, Any]]:
     if result.timeline is None:
-        raise ValueError("the step result has no timeline; estimate it with perfcast.estimate")
+        raise ValueError("the step result has no timeline; estimate it with "
+                         "perfcast.plan.step.estimate_step")
     return timeline_trace_events(result.timeline, device_label=result.system.name)
 
 

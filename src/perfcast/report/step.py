@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfcast.estimate import StepResult
+from perfcast.plan.step import StepResult
 from perfcast.workload.tensors import TaskKind
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from perfcast.estimate import StepResult
+from perfcast.plan.step import StepResult
 from perfcast.report.step import op_rows
 
 

@@ -8,6 +8,7 @@ Users can pass their own YAML path instead of a built-in name.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -16,15 +17,43 @@ import yaml
 
 from perfcast.core.errors import ConfigError
 
-POLICIES = ("decode_first", "prefill_first", "inflight")
-ADMISSIONS = ("incremental", "reserve_full")
+
+
+class Policy(StrEnum):
+    """Engine scheduling policy (one module per family in perfcast.serving.engines)."""
+
+    DECODE_FIRST = "decode_first"     # vLLM V1
+    PREFILL_FIRST = "prefill_first"   # SGLang
+    INFLIGHT = "inflight"             # TensorRT-LLM
+
+
+class Admission(StrEnum):
+    """KV admission: `incremental` allocates as tokens are computed and preempts when
+    the cache runs out (vLLM; TRT-LLM MAX_UTILIZATION); `reserve_full` admits only when
+    the prompt and every output token fit (TRT-LLM GUARANTEED_NO_EVICT)."""
+
+    INCREMENTAL = "incremental"
+    RESERVE_FULL = "reserve_full"
+
+
+POLICIES = tuple(p.value for p in Policy)
+ADMISSIONS = tuple(a.value for a in Admission)
+
+
+def _enum(cls, value, field: str):
+    try:
+        return cls(value)
+    except ValueError:
+        label = "scheduler policy" if cls is Policy else "KV admission"
+        raise ConfigError(f"unknown {label} {value!r}", field=field,
+                          expected=" | ".join(m.value for m in cls)) from None
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Documented scheduler policy plus its parameters (see docs/serving.md)."""
 
-    policy: str = "decode_first"
+    policy: Policy = Policy.DECODE_FIRST
     token_budget: int = 8192
     max_running_requests: int = 1024
     chunked_prefill: bool = True
@@ -33,11 +62,18 @@ class SchedulerConfig:
     # max_running_requests it is the client's, so it neither scales with attention-DP
     # nor changes what the runtime sizes at start-up (e.g. vLLM's sampler profile run)
     client_in_flight: int = 0
+    # SGLang: reserve future decode tokens of running requests when admitting
+    # (new_token_ratio = 0.7 x this, decaying); 0 admits on the prompt alone
+    schedule_conservativeness: float = 0.0
+    # SGLang enable_mixed_chunk: decodes ride along with a prefill chunk
+    enable_mixed_chunk: bool = False
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"unknown scheduler policy {self.policy!r}", field="policy",
-                              expected=" | ".join(POLICIES))
+        object.__setattr__(self, "policy", _enum(Policy, self.policy, "policy"))
+        if self.schedule_conservativeness < 0:
+            raise ConfigError("schedule_conservativeness must be >= 0 (0: off)",
+                              field="schedule_conservativeness",
+                              expected="a non-negative number (SGLang's default is 1.0)")
         if self.client_in_flight < 0:
             raise ConfigError("client_in_flight must be >= 0 (0: no cap)",
                               field="client_in_flight", expected="a non-negative integer")
@@ -48,7 +84,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    admission: str = "incremental"
+    admission: Admission = Admission.INCREMENTAL
     block_tokens: int = 16
     memory_fraction: float = 0.9
     fraction_of: str = "total"          # total | free_after_weights
@@ -56,9 +92,7 @@ class KVCacheConfig:
     sampler_profile_bytes_per_logit: float = 0.0  # x max running requests x vocab
 
     def __post_init__(self) -> None:
-        if self.admission not in ADMISSIONS:
-            raise ConfigError(f"unknown KV admission {self.admission!r}", field="admission",
-                              expected=" | ".join(ADMISSIONS))
+        object.__setattr__(self, "admission", _enum(Admission, self.admission, "admission"))
         if self.fraction_of not in ("total", "free_after_weights"):
             raise ConfigError(f"unknown value {self.fraction_of!r}", field="fraction_of",
                               expected="total | free_after_weights")
@@ -170,7 +204,9 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 policy=str(sch["policy"]), token_budget=int(sch["token_budget"]),
                 max_running_requests=int(sch["max_running_requests"]),
                 chunked_prefill=bool(sch["chunked_prefill"]),
-                mix_decode_and_prefill=bool(sch["mix_decode_and_prefill"])),
+                mix_decode_and_prefill=bool(sch["mix_decode_and_prefill"]),
+                schedule_conservativeness=float(sch.get("schedule_conservativeness", 0.0)),
+                enable_mixed_chunk=bool(sch.get("enable_mixed_chunk", False))),
             kv_cache=KVCacheConfig(
                 admission=str(kv["admission"]), block_tokens=int(kv["block_tokens"]),
                 memory_fraction=float(kv["memory_fraction"]),

@@ -294,7 +294,7 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
     """Step time, breakdown, memory and MFU of one training step (module docstring).
     `full_schedule` schedules every microbatch (else long steps are extrapolated from
     3p and 4p microbatches, `plan.training.COMPRESS_FACTOR`)."""
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
 
     lay = request.layout
     if request.attention_kernel not in ATTENTION_KERNELS:
@@ -325,7 +325,7 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
                           tp_comm_overlap=request.tp_comm_overlap,
                           grad_bucket_params=request.grad_bucket_params)
               for c in range(lay.chunks)]
-    resolver = resolver or make_resolver(system)
+    resolver = resolver or build_resolver(system)
     ctx = request.context
     by_sig: dict[tuple, ChunkCosts] = {}
     costs: list[ChunkCosts] = []

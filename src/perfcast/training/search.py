@@ -224,13 +224,13 @@ def evaluate_chunk(space: TrainSearchSpace, choices: Sequence[LayoutChoice]
     """Estimate a chunk of layouts with one shared resolver. A dense layout whose
     weights, gradients and optimizer state alone exceed the device's memory is marked
     `does_not_fit` from that bound, without costing its step."""
-    from perfcast.estimate import make_resolver
+    from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
     from perfcast.training import TrainingLayout, TrainingRequest, estimate_training
 
     model = space.model if isinstance(space.model, ModelSpec) else load_model_spec(space.model)
     system = load_system(space.device)
-    resolver = space.resolver_factory() if space.resolver_factory else make_resolver(system)
+    resolver = space.resolver_factory() if space.resolver_factory else build_resolver(system)
     params = _dense_params(model)
     capacity = float(system.device.memory.capacity_bytes)
     out = []

@@ -57,7 +57,7 @@ class Workbench:
         if hit is not None:
             return hit
         from perfcast.calibrate.store import load_calibration
-        from perfcast.estimate import make_resolver
+        from perfcast.evidence.factory import build_resolver
         from perfcast.evidence.calibrated import calibrated_providers
         from perfcast.evidence.chain import evidence_providers
         from perfcast.hardware import load_system
@@ -65,12 +65,12 @@ class Workbench:
         _, db = self.database(digest)
         system = load_system(hardware)
         revision = load_calibration(calibration, store=self.calibration_store())
-        out = {"roofline": make_resolver(system),
-               "database + interpolation": make_resolver(
+        out = {"roofline": build_resolver(system),
+               "database + interpolation": build_resolver(
                    system, evidence=evidence_providers([db], system, "interpolate"))}
         calibrated = calibrated_providers(system, revision) if revision is not None else []
         if calibrated:
-            out["calibrated"] = make_resolver(system, evidence=calibrated)
+            out["calibrated"] = build_resolver(system, evidence=calibrated)
         with self._lock:
             self._resolvers[key] = out
         return out

@@ -1,20 +1,19 @@
-"""High-level API: estimate one step of a model on a system.
+"""One step of a model on a system: build the task graph, cost it through the resolver,
+schedule it as a plan (`perfcast estimate`).
 
->>> from perfcast.estimate import estimate_step, EstimateRequest
+>>> from perfcast.plan.step import estimate_step, EstimateRequest
 >>> result = estimate_step(EstimateRequest(model="meta-llama/Llama-3.1-8B", device="h100_sxm"))
 >>> result.latency_s  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from perfcast.evidence.collectives import CollectiveCostProvider
-from perfcast.evidence.contracts import CostProvider, CostQueryContext, Miss
+from perfcast.evidence.contracts import CostQueryContext
 from perfcast.evidence.costing import CostedGraph, cost_graph
+from perfcast.evidence.factory import build_resolver
 from perfcast.evidence.resolver import CostResolver
-from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System, load_system
 from perfcast.plan import (
     OverlapMode,
@@ -87,20 +86,6 @@ class StepResult:
         lat = self.latency_s
         return self.tokens / lat / self.graph.num_devices if lat > 0 else 0.0
 
-    @property
-    def memory_fits(self) -> bool:
-        return self.graph.memory.total <= self.system.device.memory.capacity_bytes
-
-
-def default_providers(system: System, *, roofline_mode: str = "roofline") -> list[CostProvider]:
-    return [RooflineCostProvider(system, mode=roofline_mode), CollectiveCostProvider(system)]
-
-
-def make_resolver(system: System, evidence: Sequence[CostProvider] = (), *,
-                  roofline_mode: str = "roofline") -> CostResolver:
-    """Measured/interpolated providers first (in the given order), then analytic models."""
-    return CostResolver([*evidence, *default_providers(system, roofline_mode=roofline_mode)])
-
 
 def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch) -> TaskGraph:
     """The task graph of `batch` (the whole step or one microbatch) under the request."""
@@ -116,7 +101,7 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
     graph = _build_graph(request, model, request.batch)
-    resolver = resolver or make_resolver(system, roofline_mode=request.roofline_mode)
+    resolver = resolver or build_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
     options = PlanOptions(num_microbatches=request.num_microbatches,
                           pp_schedule=request.pp_schedule, overlap=request.overlap,
@@ -136,31 +121,3 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     timeline = schedule_plan(units, system, options)
     return StepResult(request=request, system=system, graph=graph, costed=costed,
                       timeline=timeline)
-
-
-class ForeignEvidence:
-    """A provider whose evidence was measured on another system (`measured_on`), asked for
-    `used_for` (only with an explicit `--allow-foreign-evidence`): queries are asked at
-    `measured_on` and every answer says so (an assumption, `validity.measured_on`)."""
-
-    def __init__(self, inner: CostProvider, measured_on: str, used_for: str) -> None:
-        self.inner = inner
-        self.measured_on = measured_on
-        self.used_for = used_for
-        self.name = inner.name
-        self.revision = f"{inner.revision}+foreign:{measured_on}"
-
-    def _query(self, query):
-        return replace(query, hardware=self.measured_on)
-
-    def supports(self, query):
-        return self.inner.supports(self._query(query))
-
-    def estimate(self, query):
-        from perfcast.evidence.profiling.devices import mark_foreign
-
-        answer = self.inner.estimate(self._query(query))
-        if isinstance(answer, Miss):
-            return answer
-        return mark_foreign(answer, self.measured_on, self.used_for)
-

@@ -1,0 +1,55 @@
+"""The one resolver factory: every command (`estimate`, `serve`, `search`, `validate`,
+`train`, the workbench, `evidence query`) builds its `CostResolver` here, so the same
+query over the same providers gets the same answer everywhere.
+
+Order: the measured and calibrated providers the caller hands in (asked first, in the
+given order), then the physics-only models (`RooflineCostProvider`,
+`CollectiveCostProvider`). One switch differs by consumer and is part of the resolver's
+identity (the roofline's revision): `launch_in_kernel_times`. A stand-alone step
+(`estimate`, `train`) prices each analytic kernel with the device's launch overhead; the
+serving step model leaves it out because it adds the engine's launch gap per kernel
+itself (`kernel_launch_graph_s` / `kernel_launch_eager_s` of the backend file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from perfcast.core.canonical import content_digest
+from perfcast.evidence.collectives import CollectiveCostProvider
+from perfcast.evidence.contracts import CostProvider
+from perfcast.evidence.resolver import CostResolver
+from perfcast.evidence.roofline import RooflineCostProvider
+from perfcast.hardware import System
+
+
+def analytic_providers(system: System, *, roofline_mode: str = "roofline",
+                       launch_in_kernel_times: bool = True) -> list[CostProvider]:
+    """The physics-only models, asked last."""
+    return [RooflineCostProvider(system, mode=roofline_mode,
+                                 include_launch=launch_in_kernel_times),
+            CollectiveCostProvider(system)]
+
+
+def build_resolver(system: System, evidence: Sequence[CostProvider] = (), *,
+                   roofline_mode: str = "roofline",
+                   launch_in_kernel_times: bool = True) -> CostResolver:
+    """`evidence` (measured, interpolating, calibrated providers) first, then the
+    analytic models."""
+    return CostResolver([*evidence, *analytic_providers(
+        system, roofline_mode=roofline_mode, launch_in_kernel_times=launch_in_kernel_times)])
+
+
+def provider_digest(provider: CostProvider) -> str:
+    """A digest of what a provider answers: its `digest` where it has one (a wrapper whose
+    answers depend on more than the wrapped provider's revision), else its name and
+    revision (a content digest of its data and settings)."""
+    own = getattr(provider, "digest", None)
+    if own:
+        return own
+    return content_digest("perfcast.CostProvider", [provider.name, provider.revision])
+
+
+def providers_digest(providers: Sequence[CostProvider]) -> str:
+    """The digest of an ordered provider chain (cache keys of costed terms)."""
+    return content_digest("perfcast.ProviderChain", [provider_digest(p) for p in providers])
