@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from perfcast.core.errors import ConfigError
-from perfcast.evidence.collectives import collective_time
 from perfcast.evidence.contracts import CostProvider, CostQueryContext
 from perfcast.hardware import System, load_system
 from perfcast.serving.backends import BackendDefaults, load_backend
 from perfcast.serving.engine import Engine
+from perfcast.serving.kv_transfer import KVLinks, kv_tier, transfer_s
 from perfcast.serving.requests import ClosedLoopClient, LengthDistribution, OpenLoopClient
 from perfcast.serving.simulator import SimulationResult, simulate
 from perfcast.serving.step_cost import StepCostModel, serving_resolver
@@ -117,12 +117,20 @@ def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
     return int(free // per_token) * memory.dp_ranks
 
 
-def kv_transfer_s(step: StepCostModel, system: System, tokens: int, gpus_involved: int) -> float:
-    """Prefill -> decode KV move: every prefill device sends its shard at once."""
-    per_device = step.memory_facts().kv_bytes_per_request(tokens)
-    tier = system.tier_for_group(gpus_involved)
-    total, _, _ = collective_time("send_recv", per_device, 2, tier, "ring")
-    return total
+def kv_links(prefill: Pool, decode: Pool, prefill_step: StepCostModel,
+             decode_step: StepCostModel, system: System) -> KVLinks:
+    """The prefill -> decode KV moves of one deployment (`serving.kv_transfer`): over
+    the tier that joins the two pools, each request's whole prompt cache, as many bytes
+    per device as the larger of its shard on a prefill and on a decode device; one
+    channel per attention-DP rank of each worker."""
+    tier = kv_tier(system, prefill.gpus, decode.gpus)
+    pmem, dmem = prefill_step.memory_facts(), decode_step.memory_facts()
+
+    def duration(r) -> float:
+        return transfer_s(max(pmem.kv_bytes_per_request(r.input_tokens),
+                              dmem.kv_bytes_per_request(r.input_tokens)), tier)
+
+    return KVLinks(duration, lambda engine: max(engine.cost.plan.dp, 1))
 
 
 def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
@@ -179,13 +187,9 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
                           expected="decode workers and their layout")
     front, pstep = engines(cfg.pool, "prefill")
-    back, _ = engines(cfg.decode_pool, "decode")
-    involved = cfg.pool.plan.num_devices + cfg.decode_pool.plan.num_devices
-
-    def transfer(r) -> float:
-        return kv_transfer_s(pstep, system, r.prefill_target, involved)
-
-    return simulate(client, front, decode_engines=back, transfer_s=transfer,
+    back, dstep = engines(cfg.decode_pool, "decode")
+    links = kv_links(cfg.pool, cfg.decode_pool, pstep, dstep, system)
+    return simulate(client, front, decode_engines=back, kv_transfer=links,
                     frontend_s=backend.overheads.frontend_overhead_s,
                     first_chunk_s=backend.overheads.first_chunk_overhead_s,
                     frontend_service_s=backend.overheads.frontend_request_service_s,

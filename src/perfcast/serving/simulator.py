@@ -53,11 +53,14 @@ class _Router:
 def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              decode_engines: Sequence[Engine] = (),
              transfer_s: Callable[[Request], float] | None = None,
+             kv_transfer: Callable[[Request, Engine, Engine, float], float] | None = None,
              frontend_s: float = 0.0, first_chunk_s: float = 0.0,
              frontend_service_s: float = 0.0,
              max_iterations: int = 50_000_000) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
     `decode_engines` (disagg) until every request has finished or been rejected.
+    `kv_transfer(request, prefill engine, decode engine, prefill end)`: seconds until
+    the cache arrives (shared links); else `transfer_s(request)`.
     `frontend_s`: server time before the engine sees a request (HTTP, tokenisation).
     `first_chunk_s`: time from the engine's first token to the client's first streamed
     chunk; it delays only what the client sees first (TTFT grows by it, e2e does not,
@@ -95,12 +98,15 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
         r = ev.request
         if ev.kind == "prefilled":
             front.done(engine)
-            xfer = transfer_s(r) if transfer_s else 0.0
+            d = back.pick()
+            if kv_transfer is not None:
+                xfer = kv_transfer(r, engine, d, ev.time_s)
+            else:
+                xfer = transfer_s(r) if transfer_s else 0.0
             r.transfer_s = xfer
             arrive = ev.time_s + xfer
             r.first_token_s = arrive
             r.last_token_s = arrive
-            d = back.pick()
             owner[r.rid] = d
             rej = d.submit(r, arrive)
             if rej is not None:
