@@ -8,8 +8,9 @@ from pathlib import Path
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
 from perfcast.serving.deploy import Pool, ServeConfig, run_serving
-from perfcast.serving.evidence import collected_versions, evidence_loader
-from perfcast.serving.step_cost import serving_resolver
+from perfcast.evidence.deployment import collected_versions
+from perfcast.serving.evidence import evidence_loader
+from perfcast.evidence.factory import build_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec
 from perfcast.workload.build import build_task_graph
 
@@ -28,7 +29,7 @@ def test_versions_with_gemm_tables_and_nearest_choice():
 def test_measured_kernels_answer_before_the_roofline():
     ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.19.0")
     system = load_system("h100_sxm")
-    resolver = serving_resolver(system, ev.providers)
+    resolver = build_resolver(system, ev.providers, launch_in_kernel_times=False)
     graph = build_task_graph(load_model_spec("meta-llama/Llama-3.1-8B"), ParallelPlan(),
                              Batch.decode(8, 1000))
     providers = {t.group: resolver.resolve(query_for_task(t, system.name, ev.context))
@@ -55,7 +56,7 @@ def test_vllm_all_reduce_uses_the_runtime_custom_kernel_table():
     ev = evidence_loader(ROOT)("h100_sxm", "vllm", "0.19.0")
     assert ev.context.operation_dimensions["all_reduce"]["backend"] == "vllm_graph"
     system = load_system("h100_sxm")
-    resolver = serving_resolver(system, ev.providers)
+    resolver = build_resolver(system, ev.providers, launch_in_kernel_times=False)
     graph = build_task_graph(load_model_spec("meta-llama/Llama-3.1-8B"), ParallelPlan(tp=2),
                              Batch.decode(8, 1000))
     reduce = next(t for t in graph.tasks if t.operation == "all_reduce")

@@ -14,9 +14,12 @@ from perfcast.evidence.contracts import CostQuery, CostSubject
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
 from perfcast.serving.evidence import evidence_loader
-from perfcast.evidence.measured_view import (balanced_equivalent_tokens, balanced_routing_scale,
-                                            evidence_dtype)
-from perfcast.serving.step_cost import serving_resolver
+from perfcast.evidence.importers.aiconfigurator_corrections import (
+    balanced_equivalent_tokens,
+    balanced_routing_scale,
+)
+from perfcast.evidence.measured_view import evidence_dtype
+from perfcast.evidence.factory import build_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec
 from perfcast.workload.build import build_task_graph
 from perfcast.workload.tensors import TensorSpec
@@ -33,7 +36,7 @@ def rows(rel: str, **eq) -> list[dict]:
 def moe_resolution(model: str, backend: str, version: str, plan: ParallelPlan, decode: int):
     ev = evidence_loader(ROOT)("h100_sxm", backend, version)
     system = load_system("h100_sxm")
-    resolver = serving_resolver(system, ev.providers)
+    resolver = build_resolver(system, ev.providers, launch_in_kernel_times=False)
     graph = build_task_graph(load_model_spec(model), plan, Batch.decode(decode, 1000))
     task = next(t for t in graph.tasks if t.operation == "moe")
     query = query_for_task(task, system.name, ev.context)
@@ -143,7 +146,8 @@ def test_bf16_collective_reads_nccl_half_rows():
                       hardware=system.name, dtype="bf16", engine="network",
                       message_bytes=size * 2, participants=4, dims=FrozenDict(dims),
                       context=ev.context)
-    est = serving_resolver(system, ev.providers).resolve(query).estimate
+    resolver = build_resolver(system, ev.providers, launch_in_kernel_times=False)
+    est = resolver.resolve(query).estimate
     assert est.provider == "database"
     assert est.latency_s == pytest.approx(sum(same) / len(same) * 1e-3, rel=1e-9)
     assert any("fp16 rows of the same message bytes" in a for a in est.assumptions)
@@ -152,7 +156,7 @@ def test_bf16_collective_reads_nccl_half_rows():
 def resolve_group(model, backend, version, plan, decode, group):
     ev = evidence_loader(ROOT)("h100_sxm", backend, version)
     system = load_system("h100_sxm")
-    resolver = serving_resolver(system, ev.providers)
+    resolver = build_resolver(system, ev.providers, launch_in_kernel_times=False)
     graph = build_task_graph(load_model_spec(model), plan, Batch.decode(decode, 1000))
     task = next(t for t in graph.tasks if t.group == group)
     return resolver.resolve(query_for_task(task, system.name, ev.context)).estimate

@@ -19,10 +19,10 @@ from perfcast.evidence.plausibility import SLOW_FACTOR, screen_table
 from perfcast.evidence.measured_view import MeasuredView
 from perfcast.evidence.queries import query_for_task
 from perfcast.hardware import load_system
+from perfcast.evidence.engine_kernels import EngineKernelView
+from perfcast.evidence.kernel_dispatch import dispatch_rules
 from perfcast.serving.evidence import evidence_loader
-from perfcast.serving.kernel_dispatch import dispatch_rules
-from perfcast.serving.kernel_evidence import EngineKernelView
-from perfcast.serving.step_cost import serving_resolver
+from perfcast.evidence.factory import build_resolver
 from perfcast.workload import Batch, ParallelPlan, load_model_spec
 from perfcast.workload.build import build_task_graph
 from perfcast.workload.tensors import TensorSpec
@@ -126,9 +126,10 @@ FLASH, DEEP, CUTLASS = ("FlashInferFp8BlockScaledMMKernel", "DeepGemmFp8BlockSca
                         "CutlassFp8BlockScaledMMKernel")
 
 
-def _view(inner, held, version="0.24.0", **kw):
-    return EngineKernelView(MeasuredView(inner), system=H100, engine_version=version,
-                            held={"gemm@fp8_block": held}, dispatch=dispatch_rules("vllm"), **kw)
+def _view(inner, held, version="0.24.0", correction=None, graph_max_tokens=0):
+    measured = MeasuredView(inner, harness=correction, graph_max_tokens=graph_max_tokens)
+    return EngineKernelView(measured, system=H100, engine_version=version,
+                            held={"gemm@fp8_block": held}, dispatch=dispatch_rules("vllm"))
 
 
 def test_view_asks_for_the_kernel_the_engine_dispatches():
@@ -217,7 +218,7 @@ def _first_task_estimate(ev, model: str, decode: int, pick):
     """The serving resolver's answer for the first task `pick` selects in a decode step."""
     graph = build_task_graph(load_model_spec(model), ParallelPlan(), Batch.decode(decode, 1000))
     task = next(t for t in graph.tasks if pick(t))
-    return serving_resolver(H100, ev.providers).resolve(
+    return build_resolver(H100, ev.providers, launch_in_kernel_times=False).resolve(
         query_for_task(task, H100.name, ev.context)).estimate
 
 

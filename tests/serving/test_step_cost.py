@@ -8,7 +8,8 @@ import pytest
 from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.hardware import load_system
 from perfcast.serving.backends import CudaGraphConfig, Overheads, load_backend
-from perfcast.serving.step_cost import StepCostModel, StepShape, grid_nodes, serving_resolver
+from perfcast.serving.step_cost import StepCostModel, StepShape, grid_nodes
+from perfcast.evidence.factory import build_resolver
 from perfcast.workload import Batch, BatchSegment, ParallelPlan, load_model_spec
 
 SYSTEM = load_system("h100_sxm")
@@ -17,14 +18,15 @@ NO_OVERHEAD = Overheads(0.0, 0.0, 0.0, 0.0)
 
 
 def model(interpolate=True, overheads=NO_OVERHEAD, cuda_graph=None, plan=ParallelPlan(tp=2)):
-    return StepCostModel(MODEL, plan, SYSTEM, serving_resolver(SYSTEM), overheads=overheads,
+    resolver = build_resolver(SYSTEM, launch_in_kernel_times=False)
+    return StepCostModel(MODEL, plan, SYSTEM, resolver, overheads=overheads,
                          cuda_graph=cuda_graph, interpolate=interpolate)
 
 
 def graph_latency(batch: Batch, plan=ParallelPlan(tp=2)) -> float:
     """Sum of the resolver-costed tasks of the same batch, kernel launch excluded."""
     res = estimate_step(EstimateRequest(model=MODEL, device=SYSTEM, plan=plan, batch=batch),
-                        serving_resolver(SYSTEM))
+                        build_resolver(SYSTEM, launch_in_kernel_times=False))
     return res.latency_s
 
 

@@ -25,7 +25,7 @@ from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate_sources import (
     AUTO,
     check_combination,
-    engine_kernels,
+    engine_evidence,
     evidence_layer,
     evidence_silence,
     model_resolver,
@@ -379,11 +379,16 @@ def run_estimate(a: EstimateArgs, note=lambda text: None) -> EstimateRun:
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
     calibrated = calibrated_for(a.device, revision)
-    layer = evidence_layer(system, a.evidence or [], a.evidence_policy, store,
-                           a.allow_foreign_evidence)
     if auto:
-        layer, context = engine_kernels(layer, context, system)
+        layer, context, text = engine_evidence(system, a.evidence or [], context,
+                                               a.evidence_policy, store,
+                                               a.allow_foreign_evidence)
         request = replace(request, context=context)
+        if text:
+            note(f"note: {text}")
+    else:
+        layer = evidence_layer(system, a.evidence or [], a.evidence_policy, store,
+                               a.allow_foreign_evidence)
     results, sources = {}, {}
     for name in models:
         profiling, sources[name] = None, {}

@@ -1,6 +1,7 @@
 """What `perfcast estimate` answers from: measured evidence (`--evidence`), a profiling
 database (`--profiling-database`), calibrated and physics-only analytic models; one
-resolver per performance model, and the checks that keep it honest.
+resolver per performance model (`evidence.factory.build_resolver`, as every command
+builds it), and the checks that keep it honest.
 
 * Evidence of one device never answers another silently: a profiling database whose
   `device` (op_mapping.yaml) or an evidence snapshot whose systems differ from the
@@ -53,9 +54,8 @@ def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
     layer = EvidenceLayer()
     if not refs:   # no evidence: none of the database machinery is imported
         return layer
+    from perfcast.evidence.factory import measured_providers
     from perfcast.evidence.foreign import ForeignEvidence
-    from perfcast.evidence.chain import evidence_providers
-    from perfcast.evidence.measured_view import MeasuredView
     from perfcast.evidence.profiling.devices import same_device
     from perfcast.evidence.store import EvidenceStore, open_evidence
 
@@ -76,13 +76,15 @@ def evidence_layer(system, refs: list[str], policy: str, store: Path | None,
                                   f"{system.name} and no single one can stand in for it",
                                   source=ref, field="--evidence",
                                   expected=f"evidence of one system, or of {system.name}")
-            foreign[id(db)] = source["foreign_measured_on"] = held[0]
+            foreign[db.digest] = source["foreign_measured_on"] = held[0]
         layer.sources.append(source)
-    for p in evidence_providers(layer.databases, system, policy):
-        measured_on = foreign.get(id(getattr(p, "database", None)))
-        if measured_on:
-            p = ForeignEvidence(p, measured_on, system.name)
-        layer.providers.append(MeasuredView(p, peak_memory_bw=system.device.memory.bw_bytes_per_s))
+
+    def wrap(p):
+        db = getattr(p, "database", None)
+        measured_on = foreign.get(db.digest) if db is not None else None
+        return ForeignEvidence(p, measured_on, system.name) if measured_on else p
+
+    layer.providers = measured_providers(layer.databases, system, policy, wrap=wrap)
     return layer
 
 
@@ -177,35 +179,86 @@ def held_context(databases) -> dict[str, list[str]]:
 AUTO = "auto"
 
 
-def engine_kernels(layer: EvidenceLayer, context, system):
-    """`--implementation auto`: the evidence asked for the kernel the runtime's dispatch
-    rules pick per query (`serving.kernel_evidence.EngineKernelView`, as `serve` asks),
-    each operation at the collected version nearest `--runtime-version`; the context
-    states the most-measured kernel per operation and dtype where no rule applies.
-    Returns (layer, context). The per-call harness correction is serving's (CUDA-graph
-    replay) and is not applied here: `estimate` reads the tables as measured."""
-    from dataclasses import replace
+def engine_evidence(system, refs: list[str], context, policy: str, store: Path | None,
+                    allow_foreign: bool):
+    """`--implementation auto`: the evidence asked as the `--runtime` engine runs it, the
+    way `serve` asks it. Returns (layer, context, note).
 
-    from perfcast.core.frozen import FrozenDict
-    from perfcast.evidence.database import PerformanceDatabase
-    from perfcast.serving.evidence import held_kernels, implementations, nearest_version
-    from perfcast.serving.kernel_dispatch import dispatch_rules
-    from perfcast.serving.kernel_evidence import EngineKernelView
-
+    * One `--evidence` AIConfigurator layout (its root or its `<system>` folder): the
+      deployment loader `serve`, `search` and `validate` read (`serving.evidence`):
+      every family at the collected version `serve` picks for `--runtime-version`, the
+      kernel the runtime's dispatch rules pick per query, the tables' corrections
+      (harness fixed cost under the engine's CUDA graphs among them) and the query
+      context (kernels, selectors); the same answers as `serve` task by task.
+    * Other sources (snapshots, saved databases): each operation at the collected
+      version nearest `--runtime-version`, the kernel by the dispatch rules, the most
+      measured kernel per operation and dtype where no rule applies, and the GEMM
+      harness correction fitted on the chosen version's GEMM rows."""
     if not context.runtime:
         raise ConfigError("--implementation auto needs the runtime whose dispatch rules "
                           "choose the kernels", field="--runtime",
                           expected="vllm | sglang | trtllm ...")
-    if not layer.providers:
+    if not refs:
         raise ConfigError("--implementation auto chooses among measured kernels",
                           field="--evidence", expected="at least one --evidence source")
+    from perfcast.evidence.deployment import layout_root
+
+    root = layout_root(Path(refs[0]), system.name) if len(refs) == 1 else None
+    if root is None:
+        layer = evidence_layer(system, refs, policy, store, allow_foreign)
+        return (*_engine_kernels(layer, context, system), "")
+    return _deployment_evidence(root, refs[0], system, context, policy)
+
+
+def _deployment_evidence(root: Path, ref: str, system, context, policy: str):
+    from dataclasses import replace
+
+    from perfcast.serving.evidence import evidence_loader
+
+    ev = evidence_loader(root, policy=policy)(system.name, context.runtime,
+                                              context.runtime_revision)
+    if not ev.providers:
+        raise ConfigError(f"holds no {context.runtime} GEMM tables of {system.name}",
+                          source=ref, field="--evidence",
+                          expected=f"<system>/gemm/{context.runtime}/<version>/ tables")
+    # flags stated on the command line refine the deployment's context
+    new_context = replace(
+        ev.context, implementation=context.implementation or ev.context.implementation,
+        implementations=ev.context.implementations.replace(**dict(context.implementations)),
+        operation_dimensions=ev.context.operation_dimensions.replace(
+            **dict(context.operation_dimensions)))
+    source = {"ref": ref, "layout": "aiconfigurator", "runtime": context.runtime,
+              "runtime_version": context.runtime_revision or None,
+              "collected_version": ev.version, "family_versions": dict(ev.family_versions),
+              "hardware": [system.name]}
+    return (EvidenceLayer(providers=list(ev.providers), sources=[source]), new_context,
+            ev.note)
+
+
+def _engine_kernels(layer: EvidenceLayer, context, system):
+    """(layer, context) of `engine_evidence` for snapshots and saved databases."""
+    from dataclasses import replace
+
+    from perfcast.core.frozen import FrozenDict
+    from perfcast.evidence.database import PerformanceDatabase
+    from perfcast.evidence.deployment import held_kernels, implementations, nearest_version
+    from perfcast.evidence.engine_kernels import EngineKernelView
+    from perfcast.evidence.kernel_dispatch import dispatch_rules
+    from perfcast.evidence.measured_view import MeasuredView
+    from perfcast.serving.evidence import cuda_graph_tokens
+
     db = PerformanceDatabase.concat(layer.databases, name="estimate evidence") \
         if len(layer.databases) > 1 else layer.databases[0]
     versions = _versions_per_operation(db, context.runtime)
     family_versions = {op: nearest_version(context.runtime_revision, vs)
                        for op, vs in versions.items()}
     held = held_kernels(db)
-    views = [EngineKernelView(p, system=system, engine_version=context.runtime_revision,
+    harness = _gemm_harness(db, system, context.runtime, family_versions.get("gemm"))
+    graphs = cuda_graph_tokens(context.runtime)
+    views = [EngineKernelView(MeasuredView(p.inner, peak_memory_bw=system.device.memory
+                                           .bw_bytes_per_s, harness=harness,
+                                           graph_max_tokens=graphs),
+                              system=system, engine_version=context.runtime_revision,
                               family_versions=family_versions, held=held,
                               dispatch=dispatch_rules(context.runtime))
              for p in layer.providers]
@@ -213,6 +266,25 @@ def engine_kernels(layer: EvidenceLayer, context, system):
                           implementations=FrozenDict({**implementations(db),
                                                       **dict(context.implementations)}))
     return replace(layer, providers=views), new_context
+
+
+def _gemm_harness(db, system, runtime: str, version: str | None):
+    """The harness correction fitted on the GEMM rows `runtime` collected at `version`."""
+    import pyarrow.compute as pc
+
+    from perfcast.evidence.harness_overhead import fit_call_overheads
+
+    table = db.table
+    cols = ("sel.str.runtime", "sel.str.runtime_revision")
+    if not version or not all(c in table.column_names for c in cols):
+        return None
+    keep = pc.and_(pc.and_(pc.equal(table["operation"], "gemm"),
+                           pc.equal(table[cols[0]], runtime)),
+                   pc.equal(table[cols[1]], version))
+    rows = table.filter(keep)
+    if rows.num_rows == 0:
+        return None
+    return fit_call_overheads(rows, system, source_revision=f"gemm/{runtime}/{version}")
 
 
 def _versions_per_operation(db, runtime: str) -> dict[str, list[str]]:

@@ -170,7 +170,7 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
 
 def _evidence_version(space, system: str) -> str | None:
     """The collected version the layouts' evidence came from (as evidence_loader picks)."""
-    from perfcast.serving.evidence import collected_versions, nearest_version
+    from perfcast.evidence.deployment import collected_versions, nearest_version
 
     return nearest_version(space.backend_version,
                            collected_versions(Path(space.evidence_root), system, space.backend))

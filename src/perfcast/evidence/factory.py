@@ -53,3 +53,20 @@ def provider_digest(provider: CostProvider) -> str:
 def providers_digest(providers: Sequence[CostProvider]) -> str:
     """The digest of an ordered provider chain (cache keys of costed terms)."""
     return content_digest("perfcast.ProviderChain", [provider_digest(p) for p in providers])
+
+
+def measured_providers(databases: Sequence, system: System, policy: str = "interpolate", *,
+                       harness=None, graph_max_tokens: int = 0,
+                       wrap=None) -> list[CostProvider]:
+    """The measured providers of `databases` (exact, then interpolating, per `policy`),
+    each read in the tables' terms and corrected (`MeasuredView`: the physical floor at
+    the system's peak memory bandwidth, MoE routing, and, with `harness` and
+    `graph_max_tokens`, the GEMM table's per-call overhead under CUDA graphs).
+    `wrap(provider)`: applied to each provider before the view (e.g. foreign evidence)."""
+    from perfcast.evidence.chain import evidence_providers
+    from perfcast.evidence.measured_view import MeasuredView
+
+    return [MeasuredView(wrap(p) if wrap else p,
+                         peak_memory_bw=system.device.memory.bw_bytes_per_s,
+                         harness=harness, graph_max_tokens=graph_max_tokens)
+            for p in evidence_providers(databases, system, policy)]

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field, replace
 
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.contracts import CostProvider, CostQueryContext
+from perfcast.evidence.factory import build_resolver, providers_digest
 from perfcast.hardware import System, load_system
 from perfcast.serving.backends import BackendDefaults, load_backend
 from perfcast.serving.engine import Engine
 from perfcast.serving.kv_transfer import KVLinks, kv_tier, transfer_s
 from perfcast.serving.requests import ClosedLoopClient, LengthDistribution, OpenLoopClient
 from perfcast.serving.simulator import SimulationResult, simulate
-from perfcast.serving.step_cost import StepCostModel, serving_resolver
+from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
 
 GIB = 1024 ** 3
@@ -56,7 +57,8 @@ class ServeConfig:
 
 class StepModelCache:
     """Reuses costed graphs across simulations of the same deployment: terms are keyed
-    by model, plan, precision, system, evidence and query context (not by scheduler,
+    by the digests of model, plan, precision, system, evidence providers (`evidence.
+    factory.providers_digest`) and query context (not by scheduler,
     overheads or CUDA-graph settings, which only change how terms are combined)."""
 
     def __init__(self) -> None:
@@ -68,13 +70,15 @@ class StepModelCache:
             backend: BackendDefaults, precision: Precision | None,
             evidence: Sequence[CostProvider], context: CostQueryContext,
             interpolate: bool) -> StepCostModel:
-        ev_key = (system.digest, tuple(id(p) for p in evidence))
+        ev_key = (system.digest, providers_digest(evidence))
         base = (model.digest, plan.digest, precision, context.digest, ev_key)
         key = (base, backend.overheads, backend.cuda_graph, interpolate)
         hit = self._models.get(key)
         if hit is None:
             if ev_key not in self._resolvers:
-                self._resolvers[ev_key] = serving_resolver(system, evidence)
+                # kernel launch is the step model's (per kernel, eager vs. CUDA graph)
+                self._resolvers[ev_key] = build_resolver(system, evidence,
+                                                         launch_in_kernel_times=False)
             hit = StepCostModel(model, plan, system, self._resolvers[ev_key],
                                 precision=precision, context=context,
                                 overheads=backend.overheads, cuda_graph=backend.cuda_graph,

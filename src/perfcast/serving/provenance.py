@@ -10,6 +10,7 @@ alpha-beta collectives, appended by the step cost model) answered.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -25,6 +26,7 @@ class Tally:
     def __init__(self) -> None:
         self.answers: Counter = Counter()
         self.queries = 0
+        self.token = uuid.uuid4().hex   # tells tallies apart in cache keys
 
     def rows(self) -> list[dict]:
         return [{"provider": p, "provider_revision": r, "method": m, "source_revision": s,
@@ -40,6 +42,14 @@ class TallyingProvider:
         self.revision = inner.revision
         self._tally = tally
         self._first = first
+
+    @property
+    def digest(self) -> str:
+        """The wrapped provider's digest and this tally's: costs cached for one tally's
+        run are not reused by another, which would count nothing."""
+        from perfcast.evidence.factory import provider_digest
+
+        return f"{provider_digest(self.inner)}+tally:{self._tally.token}"
 
     def supports(self, query):
         if self._first:

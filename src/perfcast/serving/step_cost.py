@@ -27,29 +27,17 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.evidence.collectives import CollectiveCostProvider
-from perfcast.evidence.contracts import CostProvider, CostQueryContext
+from perfcast.evidence.contracts import CostQueryContext
 from perfcast.evidence.queries import query_for_task
 from perfcast.evidence.resolver import CostResolver
-from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System
 from perfcast.serving.backends import CudaGraphConfig, Overheads
 from perfcast.workload import Batch, BatchSegment, ModelSpec, ParallelPlan, Precision, TaskKind
 from perfcast.workload.build import build_task_graph
-
-
-def serving_resolver(system: System, evidence: Sequence[CostProvider] = (),
-                     roofline_mode: str = "roofline") -> CostResolver:
-    """Evidence first, then the analytic models, with kernel launch left out of the
-    kernel times: the step model adds launch cost per kernel (eager vs. CUDA graph)."""
-    return CostResolver([*evidence,
-                         RooflineCostProvider(system, mode=roofline_mode, include_launch=False),
-                         CollectiveCostProvider(system)])
 
 
 def grid_nodes(limit: int, *, with_zero: bool = False) -> list[int]:

@@ -3,7 +3,7 @@
 Measured tables often hold several kernels for one operation and weight format (vLLM
 0.24.0's `fp8_block` GEMMs: FlashInfer, DeepGEMM and CUTLASS), and which one a
 deployment runs depends on the engine version, the GPU architecture, the checkpoint's
-quantisation format and the shape (M). `serving/dispatch/<engine>.yaml` states those
+quantisation format and the shape (M). `evidence/dispatch/<engine>.yaml` states those
 rules with the engine source they were read from; `dispatch_rules(engine)` loads them
 and `KernelDispatch.choose(...)` answers one question: the kernel, the rule that chose
 it and that rule's source.
@@ -84,7 +84,7 @@ class RuleSet:
     formats: dict             # operation -> weight format -> checkpoint formats text
 
     def covers(self, version: str) -> bool:
-        from perfcast.serving.evidence import version_key
+        from perfcast.evidence.deployment import version_key
 
         if not version:
             return False
@@ -96,7 +96,7 @@ class RuleSet:
 
 @dataclass(frozen=True)
 class KernelDispatch:
-    """An engine's dispatch rules (`serving/dispatch/<engine>.yaml`)."""
+    """An engine's dispatch rules (`evidence/dispatch/<engine>.yaml`)."""
 
     engine: str
     rule_sets: tuple[RuleSet, ...]
@@ -136,7 +136,7 @@ class KernelDispatch:
             return (f"no {self.engine} dispatch rules for version "
                     f"{version or '(not given)'} (rules cover: {covered})")
         if device not in self.compute_capability:
-            return f"compute capability of {device} unknown (serving/dispatch/architectures.yaml)"
+            return f"compute capability of {device} unknown (evidence/dispatch/architectures.yaml)"
         if weight_format not in self.rule_set(version).operations.get(operation, {}):
             return f"no {self.engine} dispatch rule for {operation} at {weight_format}"
         return f"no {self.engine} candidate admits this {operation} shape"
@@ -184,7 +184,7 @@ def parse_rules(doc: dict, architectures: dict, source: str) -> KernelDispatch:
 
 
 def _resource(name: str) -> dict:
-    path = resources.files("perfcast.serving").joinpath("dispatch", name)
+    path = resources.files("perfcast.evidence").joinpath("dispatch", name)
     return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
@@ -194,5 +194,5 @@ def dispatch_rules(engine: str) -> KernelDispatch | None:
     doc = _resource(f"{engine}.yaml")
     if not doc:
         return None
-    return parse_rules(doc, _resource("architectures.yaml"), f"serving/dispatch/{engine}.yaml")
+    return parse_rules(doc, _resource("architectures.yaml"), f"evidence/dispatch/{engine}.yaml")
 

@@ -1,4 +1,4 @@
-"""Kernel choice by the engine's dispatch rules (serving/dispatch/*.yaml)."""
+"""Kernel choice by the engine's dispatch rules (evidence/dispatch/*.yaml)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from perfcast.core.errors import ConfigError
-from perfcast.serving.kernel_dispatch import dispatch_rules, parse_rules
+from perfcast.evidence.kernel_dispatch import dispatch_rules, parse_rules
 from perfcast.workload.model_spec import load_model_spec
 from perfcast.workload.quant import precision_for_model
 

@@ -1,23 +1,24 @@
 """Measured evidence asked for what the engine would actually run.
 
 `EngineKernelView` sits in front of the measured providers of one deployment
-(`serving.evidence._import`) and, per query:
+(`evidence.deployment`, for `serve`, `search`, `validate` and `estimate --implementation
+auto` alike) and, per query:
 
 1. **version per family**: asks the records of the query's operation family at the
    collected version chosen for that family (`family_versions`: GEMM at 0.24.0 need not
    force MoE and attention to 0.24.0 when 0.19.0 tables are nearer), or, for a data type
    that version lacks, at the nearest version that has it (key `operation@dtype`);
 2. **kernel by dispatch**: for operations with engine dispatch rules
-   (`serving/dispatch/<engine>.yaml`), asks the records of the kernel the engine runs for
+   (`evidence/dispatch/<engine>.yaml`), asks the records of the kernel the engine runs for
    this version, GPU architecture, weight format and shape. When the table lacks that
    kernel, the engine's next admissible candidate that the table holds answers and says
    so; a table that names no kernel (one collector label such as `vllm_default`) answers
    with its rows, which are what its engine version dispatched; otherwise the view
    misses and the calibrated analytic model answers. Without a rule, a table with several kernels for the operation answers from
    the one with the most rows, and says so;
-3. **harness overhead**: where the engine replays CUDA graphs (GEMMs of at most the
-   backend's largest captured batch), takes off the per-call overhead fitted on the table
-   (`evidence.harness_overhead`), never below the kernels' floor or the memory bound;
+3. **corrections**: the measured providers it wraps (`MeasuredView`) correct the answer
+   for the chosen kernel (`evidence.importers.aiconfigurator_corrections`: the harness
+   fixed cost under CUDA graphs among them);
 4. **plausibility**: flags an answer more than `plausibility.SLOW_FACTOR` times its
    roofline time plus one launch.
 
@@ -39,13 +40,10 @@ class EngineKernelView:
     def __init__(self, inner, *, system, engine_version: str,
                  family_versions: dict[str, str] | None = None,
                  held: dict[str, tuple[str, ...]] | None = None,
-                 dispatch=None, correction=None, graph_max_tokens: int = 0,
-                 model_type: str | None = None) -> None:
+                 dispatch=None, model_type: str | None = None) -> None:
         """`held`: per `operation@dtype`, the kernels the tables hold, most rows first;
         `family_versions`: collected version per operation, or per `operation@dtype`
         where that differs; `dispatch`: the engine's `KernelDispatch` (None: no rules);
-        `correction`: the GEMM table's `HarnessCorrection`; `graph_max_tokens`: largest
-        captured CUDA-graph batch (0: the engine runs eagerly, no correction);
         `model_type`: the checkpoint's, for rules that exclude model types."""
         self.inner = inner
         self.name = inner.name
@@ -55,11 +53,26 @@ class EngineKernelView:
         self.family_versions = dict(family_versions or {})
         self.held = dict(held or {})
         self.dispatch = dispatch
-        self.correction = correction
-        self.graph_max_tokens = graph_max_tokens
         self.model_type = model_type
-        self._contexts: dict[tuple, tuple] = {}
+        self._contexts: dict[tuple, object] = {}
         self._asked: dict[tuple, tuple] = {}
+        self._digest = ""
+
+    @property
+    def digest(self) -> str:
+        """What decides its answers: the wrapped provider, the engine version and the
+        rule set that covers it, the family versions, the held kernels, the model type."""
+        if not self._digest:
+            from perfcast.core.canonical import content_digest
+            from perfcast.evidence.factory import provider_digest
+
+            rules = self.dispatch.rule_set(self.engine_version) if self.dispatch else None
+            self._digest = content_digest("perfcast.EngineKernelView", [
+                provider_digest(self.inner), self.system.digest, self.engine_version,
+                self.dispatch.engine if self.dispatch else "",
+                rules.name if rules else "", sorted(self.family_versions.items()),
+                sorted((k, list(v)) for k, v in self.held.items()), self.model_type or ""])
+        return self._digest
 
     # -- query rewriting ---------------------------------------------------------------
     def _kernel(self, query: CostQuery, dtype: str) -> tuple[str | None, str, str]:
@@ -104,31 +117,31 @@ class EngineKernelView:
             self.family_versions.get(op, ctx.runtime_revision)
         if kernel is None and version == ctx.runtime_revision:
             return ctx
-        key = (id(ctx), op, dtype, kernel, version)
+        key = (ctx.digest, op, dtype, kernel, version)
         hit = self._contexts.get(key)
-        if hit is not None and hit[0] is ctx:
-            return hit[1]
+        if hit is not None:
+            return hit
         impls = ctx.implementations.replace(**{f"{op}@{dtype}": kernel}) if kernel \
             else ctx.implementations
         new = replace(ctx, runtime_revision=version, implementations=impls)
-        self._contexts[key] = (ctx, new)
+        self._contexts[key] = new
         return new
 
     def _ask(self, query: CostQuery) -> tuple[CostQuery, str, str, str]:
         """(query for the tables, note, dtype, miss reason)."""
-        key = (query.operation, query.dtype, query.dims, id(query.context),
+        key = (query.operation, query.dtype, query.dims, query.context.digest,
                tuple(t.dtype for t in query.inputs[1:2]))
         hit = self._asked.get(key)
-        if hit is not None and hit[0] is query.context:
-            _, q_ctx, note, dtype, miss = hit
-            return (query if q_ctx is query.context else replace(query, context=q_ctx),
+        if hit is not None:
+            q_ctx, note, dtype, miss = hit   # q_ctx None: the query's own context
+            return (query if q_ctx is None else replace(query, context=q_ctx),
                     note, dtype, miss)
         dtype = evidence_dtype(query)
         kernel, note, miss = self._kernel(query, dtype)
         ctx = self._context(query.context, query.operation, dtype, kernel)
         if len(self._asked) > 65536:
             self._asked.clear()
-        self._asked[key] = (query.context, ctx, note, dtype, miss)
+        self._asked[key] = (None if ctx is query.context else ctx, note, dtype, miss)
         return (query if ctx is query.context else replace(query, context=ctx)), note, dtype, miss
 
     # -- provider protocol --------------------------------------------------------------
@@ -146,8 +159,6 @@ class EngineKernelView:
         if isinstance(answer, Miss):
             return answer
         notes = [note] if note else []
-        answer, cut_note = self._correct(q, dtype, answer)
-        notes += [cut_note] if cut_note else []
         flag = self._screen(query, answer.latency_s)
         notes += [flag] if flag else []
         if notes:
@@ -156,26 +167,6 @@ class EngineKernelView:
 
     def _memory_bound_s(self, query: CostQuery) -> float:
         return (query.bytes_read + query.bytes_written) / self.system.device.memory.bw_bytes_per_s
-
-    def _correct(self, query: CostQuery, dtype: str, answer):
-        c = self.correction
-        m = query.dims.get("m")
-        if (c is None or query.operation != "gemm" or not isinstance(m, int)
-                or not self.graph_max_tokens or m > self.graph_max_tokens):
-            return answer, ""
-        impl = query.context.implementation_for("gemm", dtype)
-        entry = c.lookup("gemm", dtype, impl)
-        if entry is None or entry.excess_s <= 0.0:
-            return answer, ""
-        floor = max(entry.kernels_per_call * c.floor_s, self._memory_bound_s(query))
-        cut = min(entry.excess_s, max(0.0, answer.latency_s - floor))
-        if cut <= 0.0:
-            return answer, ""
-        answer = replace(answer, latency_s=answer.latency_s - cut,
-                         components=answer.components.replace(harness_fixed_cost_s=-cut))
-        return answer, (f"{cut * 1e6:.1f} us of the table's per-call overhead not run under "
-                        f"the engine's CUDA graphs ({impl} at {dtype}: {entry.describe()}; "
-                        f"fitted on {c.source_revision or 'the table'}, {c.procedure})")
 
     def _screen(self, query: CostQuery, latency_s: float) -> str:
         if not query.flops and not (query.bytes_read + query.bytes_written):
