@@ -20,6 +20,9 @@ from perfcast.core.errors import ConfigError
 from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
 
 
+PERCENTILES = ("p50", "p90", "p99")
+
+
 class OutputFormat(str, Enum):
     table = "table"
     json = "json"
@@ -234,13 +237,16 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
 
 def configuration_row(c, statistic: str) -> dict:
     """One evaluated configuration in a line: what a Pareto plot of every configuration
-    needs (TTFT and TPOT are the SLO statistic's; None where not simulated)."""
+    needs (TTFT and TPOT are the SLO statistic's, their p50 / p90 / p99 beside them;
+    None where not simulated)."""
     m = c.metrics or {}
+    ttft, tpot = m.get("ttft_ms") or {}, m.get("tpot_ms") or {}
     return {"layout": c.layout, "mode": c.mode, "gpus": c.gpus, "concurrency": c.concurrency,
             "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"),
             "tokens_per_s_per_user": m.get("tokens_per_s_per_user"),
-            "ttft_ms": (m.get("ttft_ms") or {}).get(statistic),
-            "tpot_ms": (m.get("tpot_ms") or {}).get(statistic),
+            "ttft_ms": ttft.get(statistic), "tpot_ms": tpot.get(statistic),
+            "ttft_percentiles_ms": {k: ttft.get(k) for k in PERCENTILES},
+            "tpot_percentiles_ms": {k: tpot.get(k) for k in PERCENTILES},
             "meets_slo": c.meets_slo, "pareto": c.pareto, "failures": list(c.failures),
             "error": c.error}
 
@@ -286,6 +292,17 @@ def print_search(doc: dict, console: Console) -> None:
                 cells.append(f"{c['slo_excess']:.2f}")
             table.add_row(*cells)
         console.print(table)
+    shown = {(c["layout"], c["concurrency"]): c for _, rows in tables for c in rows}
+    if shown:
+        table = Table(title="latency percentiles of the configurations above (ms)")
+        for col in ("layout", "C", "TTFT p50/p90/p99", "TPOT p50/p90/p99"):
+            table.add_column(col, justify="left" if col == "layout" else "right",
+                             no_wrap=col == "layout")
+        for c in shown.values():
+            m = c["metrics"]
+            table.add_row(c["layout"], str(c["concurrency"]), _percentiles(m["ttft_ms"], 1),
+                          _percentiles(m["tpot_ms"], 2))
+        console.print(table)
     console.print(f"{doc['evaluated']} configurations evaluated, {doc['meet_slo']} meet the "
                   f"SLOs, {doc['evaluated'] - doc['meet_slo']} do not", highlight=False)
     for reason, n in doc["failures"].items():
@@ -305,8 +322,15 @@ def _slo_text(slo: dict) -> str:
               if slo[key] is not None]
     if not limits:
         return f"none given (tables show the {slo['statistic']})"
-    return (", ".join(limits) + f", judged on the {slo['statistic']} of each configuration's "
+    text = (", ".join(limits) + f", judged on the {slo['statistic']} of each configuration's "
             "requests")
+    if slo["statistic"] == "mean":
+        text += " (the default; --slo-percentile 50|90|99 judges a percentile)"
+    return text
+
+
+def _percentiles(stats: dict, digits: int) -> str:
+    return "/".join(_ms(stats[k], digits) for k in PERCENTILES)
 
 
 def _ms(value, digits: int) -> str:

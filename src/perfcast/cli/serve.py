@@ -54,6 +54,12 @@ def serve_command(
         "--request-rate", help="open loop: Poisson arrivals per second")] = None,
     arrival_trace: Annotated[Optional[Path], typer.Option("--arrival-trace", help="open loop: "
                              "a text file with one arrival time (seconds) per line")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="replay a request trace "
+                     "(arrival times and lengths): Mooncake JSONL, Azure LLM inference CSV, "
+                     "BurstGPT CSV or timestamp/input_length/output_length")] = None,
+    prefix_cache_hit_rate: Annotated[Optional[float], typer.Option(
+        "--prefix-cache-hit-rate", help="fraction of each prompt found in the prefix cache "
+        "(default: from the trace's hash_ids, else no prefix caching)")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", help="default 10 x "
                                               "concurrency (closed) or 200 (open)")] = 0,
     warmup_requests: Annotated[int, typer.Option("--warmup-requests")] = 0,
@@ -92,6 +98,7 @@ def serve_command(
             kv_cache_dtype=kv_cache_dtype, isl=isl, osl=osl, range_ratio=range_ratio,
             concurrency=concurrency, request_rate=request_rate,
             arrival_trace=str(arrival_trace) if arrival_trace else None,
+            trace=str(trace) if trace else None, prefix_cache_hit_rate=prefix_cache_hit_rate,
             num_requests=num_requests, warmup_requests=warmup_requests, seed=seed,
             policy=policy, token_budget=token_budget,
             max_running_requests=max_running_requests, chunked_prefill=chunked_prefill,
@@ -134,6 +141,8 @@ class ServeArgs:
     concurrency: Optional[int] = None
     request_rate: Optional[float] = None
     arrival_trace: Optional[str] = None
+    trace: Optional[str] = None
+    prefix_cache_hit_rate: Optional[float] = None
     num_requests: int = 0
     warmup_requests: int = 0
     seed: int = 0
@@ -167,7 +176,12 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     arrival_trace = Path(a.arrival_trace) if a.arrival_trace else None
     evidence_root = Path(a.evidence_root) if a.evidence_root else None
     client = client_settings(a.concurrency, a.request_rate, arrival_trace, a.num_requests,
-                             a.warmup_requests)
+                             a.warmup_requests, trace=Path(a.trace) if a.trace else None,
+                             allow_long_run=a.allow_long_run)
+    trace = client.pop("trace", None)
+    if trace is not None and trace.skipped_rows:
+        note(f"note: {trace.skipped_rows} failed requests (0 response tokens) of "
+             f"{trace.path} left out")
     check_request_count(client["num_requests"] + a.warmup_requests, "--num-requests"
                         if a.num_requests else "--concurrency", a.allow_long_run)
     spec = load_model_spec(a.model)
@@ -190,10 +204,16 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     arrivals = client.pop("arrival_times_s")
     cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=a.backend_version,
                       precision=precision, mode=a.mode, pool=Pool(plan, a.workers),
-                      decode_pool=decode_pool, isl=a.isl, osl=a.osl, range_ratio=a.range_ratio,
-                      concurrency=client["concurrency"],
+                      decode_pool=decode_pool,
+                      # a trace's mean lengths size the KV cache (sliding-window layers)
+                      isl=round(trace.summary()["mean_input_tokens"]) if trace else a.isl,
+                      osl=round(trace.summary()["mean_output_tokens"]) if trace else a.osl,
+                      range_ratio=a.range_ratio, concurrency=client["concurrency"],
                       request_rate_per_s=client["request_rate_per_s"],
                       arrival_times_s=arrivals, num_requests=client["num_requests"],
+                      trace=trace.requests if trace else None,
+                      trace_block_tokens=trace.block_tokens if trace else None,
+                      prefix_cache_hit_rate=a.prefix_cache_hit_rate,
                       warmup_requests=a.warmup_requests, seed=a.seed, interpolate=not a.exact,
                       record_trace=record_trace)
     providers, context, evidence = (), None, None
@@ -224,8 +244,11 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                       "token_budget": bk.scheduler.token_budget,
                       "max_running_requests": bk.scheduler.max_running_requests,
                       "chunked_prefill": bk.scheduler.chunked_prefill},
-        "client": {**client, "isl": a.isl, "osl": a.osl, "range_ratio": a.range_ratio,
+        "client": {**client, "isl": None if trace else a.isl, "osl": None if trace else a.osl,
+                   "range_ratio": None if trace else a.range_ratio,
                    "warmup_requests": a.warmup_requests, "seed": a.seed},
+        "trace": trace.summary() if trace else None,
+        "prefix_cache": prefix_cache_inputs(a.prefix_cache_hit_rate, trace, result),
         "interpolate": not a.exact, "notes": list(spec.notes)}
     metrics["provenance"] = provenance_json(
         tally.rows(), tally.queries if wrapped else None,
@@ -234,22 +257,30 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
 
 
 def client_settings(concurrency: int | None, request_rate: float | None,
-                    arrival_trace: Path | None, num_requests: int, warmup: int) -> dict:
-    """Closed loop (--concurrency, default 8) or open loop (--request-rate or
-    --arrival-trace); asking for both is an error, not a silent choice."""
+                    arrival_trace: Path | None, num_requests: int, warmup: int, *,
+                    trace: Path | None = None, allow_long_run: bool = False) -> dict:
+    """Closed loop (--concurrency, default 8) or open loop (--request-rate,
+    --arrival-trace or the replay of a --trace); asking for two is an error, not a
+    silent choice."""
     open_flags = [flag for flag, value in (("--request-rate", request_rate),
-                                           ("--arrival-trace", arrival_trace))
+                                           ("--arrival-trace", arrival_trace),
+                                           ("--trace", trace))
                   if value is not None]
-    if len(open_flags) == 2:
-        raise ConfigError("--request-rate and --arrival-trace both set the arrivals",
-                          field="--arrival-trace", expected="one of them")
+    if len(open_flags) >= 2:
+        raise ConfigError(f"{' and '.join(open_flags)} all set the arrivals"
+                          if len(open_flags) > 2 else
+                          f"{open_flags[0]} and {open_flags[1]} both set the arrivals",
+                          field=open_flags[-1], expected="one of them")
     if open_flags and concurrency is not None:
         raise ConfigError(f"--concurrency (closed-loop clients) and {open_flags[0]} (open-loop "
                           "arrivals) exclude each other", field="--concurrency",
-                          expected="--concurrency C, or --request-rate R / --arrival-trace FILE")
+                          expected="--concurrency C, or --request-rate R / --arrival-trace FILE"
+                                   " / --trace FILE")
     if num_requests < 0 or warmup < 0:
         raise ConfigError(f"--num-requests {num_requests}, --warmup-requests {warmup}",
                           field="--num-requests", expected="non-negative integers")
+    if trace is not None:
+        return trace_settings(trace, num_requests, warmup, allow_long_run)
     if request_rate is not None:
         if not request_rate > 0:
             raise ConfigError(f"has value {request_rate}", field="--request-rate",
@@ -275,6 +306,43 @@ def client_settings(concurrency: int | None, request_rate: float | None,
     return {"kind": "closed_loop", "concurrency": clients, "request_rate_per_s": None,
             "arrival_trace": None, "num_requests": num_requests or 10 * clients,
             "arrival_times_s": None}
+
+
+def trace_settings(path: Path, num_requests: int, warmup: int, allow_long_run: bool) -> dict:
+    """Replay of the first `warmup + num_requests` requests of a trace (all by default,
+    up to MAX_SIMULATED_REQUESTS without --allow-long-run)."""
+    from perfcast.serving.traces import read_trace
+
+    if num_requests:
+        limit = num_requests + warmup
+    else:
+        limit = None if allow_long_run else MAX_SIMULATED_REQUESTS + 1
+    trace = read_trace(path, limit=limit)
+    if not num_requests and trace.truncated:
+        raise ConfigError(f"holds more than {MAX_SIMULATED_REQUESTS:,} requests",
+                          source=str(path), field="--trace",
+                          expected="--num-requests N (the first N) or --allow-long-run")
+    n = num_requests or len(trace.requests) - warmup
+    if n < 1 or n + warmup > len(trace.requests):
+        raise ConfigError(f"holds {len(trace.requests)} requests for {n} requests + {warmup} "
+                          "warm-up", source=str(path), field="--trace",
+                          expected="one trace row per simulated request")
+    return {"kind": "trace_replay", "concurrency": None, "request_rate_per_s": None,
+            "arrival_trace": str(path), "num_requests": n, "arrival_times_s": None,
+            "trace": trace}
+
+
+def prefix_cache_inputs(hit_rate: float | None, trace, result) -> dict:
+    """What decided the prefix-cache hits: a declared rate, the trace's block hashes
+    (an LRU holding one engine's KV cache in blocks) or nothing."""
+    if hit_rate is not None:
+        return {"source": "hit_rate", "hit_rate": hit_rate, "block_tokens": None,
+                "capacity_blocks": None}
+    if trace is not None and trace.has_block_hashes:
+        return {"source": "trace_hash_ids", "hit_rate": None,
+                "block_tokens": trace.block_tokens,
+                "capacity_blocks": result.engines[0].capacity // trace.block_tokens}
+    return {"source": "none", "hit_rate": None, "block_tokens": None, "capacity_blocks": None}
 
 
 def _layout(plan, workers: int, decode_pool) -> dict:
@@ -319,9 +387,25 @@ def input_lines(inputs: dict) -> list[str]:
         clients = f"closed loop, {c['concurrency']} clients"
     elif c["kind"] == "open_loop_poisson":
         clients = f"open loop, Poisson {c['request_rate_per_s']:g} req/s"
+    elif c["kind"] == "trace_replay":
+        clients = f"trace replay, {inputs['trace']['layout']} layout, {c['arrival_trace']}"
     else:
         clients = f"open loop, arrivals from {c['arrival_trace']}"
     p = inputs["precision"]
+    if inputs.get("trace"):
+        t = inputs["trace"]
+        lengths = (f"lengths    from the trace: mean input {t['mean_input_tokens']:.0f}, mean "
+                   f"output {t['mean_output_tokens']:.0f} tokens")
+    else:
+        lengths = (f"lengths    isl {c['isl']}, osl {c['osl']}, range ratio "
+                   f"{c['range_ratio']:g}")
+    pc = inputs.get("prefix_cache") or {"source": "none"}
+    extra = []
+    if pc["source"] == "hit_rate":
+        extra = [f"prefix     declared hit rate {pc['hit_rate']:g} of each prompt"]
+    elif pc["source"] == "trace_hash_ids":
+        extra = [f"prefix     the trace's hash_ids, LRU of {pc['capacity_blocks']:,} blocks of "
+                 f"{pc['block_tokens']} tokens"]
     return [f"model      {inputs['model']} ({inputs['model_digest'][:19]})",
             f"device     {inputs['device']} ({inputs['system_digest'][:19]})",
             f"layout     {layout}",
@@ -331,7 +415,7 @@ def input_lines(inputs: dict) -> list[str]:
             f"KV {p['kv_cache']}",
             f"clients    {clients}; {c['num_requests']} requests (+{c['warmup_requests']} "
             "warm-up)",
-            f"lengths    isl {c['isl']}, osl {c['osl']}, range ratio {c['range_ratio']:g}"]
+            lengths, *extra]
 
 
 def _print_table(metrics: dict, console: Console) -> None:
@@ -348,7 +432,8 @@ def _print_table(metrics: dict, console: Console) -> None:
     console.print(table)
     for key in ("throughput_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
                 "request_throughput_per_s", "completed_requests", "rejected_requests",
-                "preemptions", "kv_utilization_mean", "kv_utilization_peak", "num_gpus"):
+                "preemptions", "kv_utilization_mean", "kv_utilization_peak",
+                "prefix_cache_hit_rate", "num_gpus"):
         value = metrics[key]
         console.print(f"{key:28s} {value:.3f}" if isinstance(value, float)
                       else f"{key:28s} {value}")

@@ -12,7 +12,9 @@ from perfcast.hardware import System, load_system
 from perfcast.serving.backends import BackendDefaults, load_backend
 from perfcast.serving.engine import Engine
 from perfcast.serving.kv_transfer import KVLinks, kv_tier, transfer_s
-from perfcast.serving.requests import ClosedLoopClient, LengthDistribution, OpenLoopClient
+from perfcast.serving.requests import (BlockLRU, Client, ClosedLoopClient, DeclaredHitRate,
+                                      LengthDistribution, OpenLoopClient, TraceClient,
+                                      TraceRequest)
 from perfcast.serving.simulator import SimulationResult, simulate
 from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
@@ -48,6 +50,11 @@ class ServeConfig:
     concurrency: int | None = 8            # closed loop (total client concurrency)
     request_rate_per_s: float | None = None  # open loop (Poisson)
     arrival_times_s: tuple[float, ...] | None = None  # open loop (trace)
+    trace: tuple[TraceRequest, ...] | None = None     # replay: arrivals and lengths
+    trace_block_tokens: int | None = None  # tokens per block hash of the trace's requests
+    # fraction of each prompt found in the prefix cache; None: the trace's block hashes
+    # decide (an LRU of one engine's KV capacity), or no prefix caching without them
+    prefix_cache_hit_rate: float | None = None
     num_requests: int | None = None        # default 10 x concurrency (closed) or 200
     warmup_requests: int = 0
     seed: int = 0
@@ -137,6 +144,17 @@ def kv_links(prefill: Pool, decode: Pool, prefill_step: StepCostModel,
     return KVLinks(duration, lambda engine: max(engine.cost.plan.dp, 1))
 
 
+def prefix_cache(cfg: ServeConfig, client: Client, capacity_tokens: int):
+    """The prefix cache the client's requests meet: the declared hit rate, else an LRU
+    of the trace's block hashes holding as many blocks as one (prefill) engine's KV
+    cache, else none."""
+    if cfg.prefix_cache_hit_rate is not None:
+        return DeclaredHitRate(cfg.prefix_cache_hit_rate)
+    if client.block_hashes and any(client.block_hashes) and cfg.trace_block_tokens:
+        return BlockLRU(capacity_tokens // cfg.trace_block_tokens, cfg.trace_block_tokens)
+    return None
+
+
 def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                 evidence_context: CostQueryContext | None = None,
                 cache: StepModelCache | None = None) -> SimulationResult:
@@ -152,7 +170,10 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)
     if cfg.mode not in ("agg", "disagg"):
         raise ConfigError(f"unknown mode {cfg.mode!r}", field="mode", expected="agg | disagg")
-    if cfg.arrival_times_s:
+    if cfg.trace:
+        n = cfg.num_requests or len(cfg.trace) - cfg.warmup_requests
+        client = TraceClient(cfg.trace, n, cfg.warmup_requests)
+    elif cfg.arrival_times_s:
         n = cfg.num_requests or len(cfg.arrival_times_s) - cfg.warmup_requests
         client = OpenLoopClient(lengths, n, arrival_times_s=list(cfg.arrival_times_s),
                                 warmup_requests=cfg.warmup_requests, seed=cfg.seed)
@@ -183,6 +204,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
 
     if cfg.mode == "agg":
         front, _ = engines(cfg.pool, "agg")
+        client.prefix_cache = prefix_cache(cfg, client, front[0].capacity)
         return simulate(client, front, num_gpus=cfg.pool.gpus,
                         frontend_s=backend.overheads.frontend_overhead_s,
                         first_chunk_s=backend.overheads.first_chunk_overhead_s,
@@ -192,6 +214,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                           expected="decode workers and their layout")
     front, pstep = engines(cfg.pool, "prefill")
     back, dstep = engines(cfg.decode_pool, "decode")
+    client.prefix_cache = prefix_cache(cfg, client, front[0].capacity)
     links = kv_links(cfg.pool, cfg.decode_pool, pstep, dstep, system)
     return simulate(client, front, decode_engines=back, kv_transfer=links,
                     frontend_s=backend.overheads.frontend_overhead_s,

@@ -10,6 +10,8 @@ Definitions (those of benchmark_serving):
 * throughput_tokens_per_s: output tokens of measured requests / (last finish - first
   arrival of measured requests); per GPU: divided by every GPU of the deployment;
   per user: 1000 / mean TPOT (the decode speed one user sees).
+* prefix_cache_hit_rate: prompt tokens of measured requests found in the prefix cache
+  on arrival / all their prompt tokens (0 without prefix caching).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class ServingMetrics:
     duration_s: float
     num_gpus: int
     frontend_queue_ms: dict
+    prefix_cache_hit_rate: float = 0.0
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -108,4 +111,6 @@ def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], en
         completed_requests=len(done), rejected_requests=len(rejected), preemptions=preempt,
         kv_utilization_mean=kv_ts / busy if busy else 0.0, kv_utilization_peak=peak,
         duration_s=duration, num_gpus=num_gpus,
-        frontend_queue_ms=summary_ms([r.frontend_wait_s for r in done]))
+        frontend_queue_ms=summary_ms([r.frontend_wait_s for r in done]),
+        prefix_cache_hit_rate=(sum(r.cached_tokens for r in done) / in_tokens
+                               if in_tokens else 0.0))

@@ -1,7 +1,12 @@
-"""Requests and the clients that issue them (closed loop, open loop Poisson or trace)."""
+"""Requests and the clients that issue them (closed loop, open loop Poisson or given
+arrival times, replay of a request trace), and the prefix cache a client's requests
+find (a declared hit rate, or an LRU of the trace's block hashes)."""
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +20,7 @@ class Request:
     __slots__ = ("rid", "arrival_s", "input_tokens", "output_tokens", "measured",
                  "prefill_target", "prefilled", "generated", "first_token_s", "last_token_s",
                  "finish_s", "kv_base", "join_counter", "seq", "preemptions", "reject_reason",
-                 "transfer_s", "active", "frontend_wait_s")
+                 "transfer_s", "active", "frontend_wait_s", "cached_tokens")
 
     def __init__(self, rid: int, arrival_s: float, input_tokens: int, output_tokens: int,
                  measured: bool = True) -> None:
@@ -38,6 +43,7 @@ class Request:
         self.transfer_s = 0.0
         self.active = False
         self.frontend_wait_s = 0.0    # waiting for the front-end's turn (simulate)
+        self.cached_tokens = 0        # prompt tokens found in the prefix cache on arrival
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (f"Request({self.rid}, in={self.input_tokens}, out={self.output_tokens}, "
@@ -76,17 +82,87 @@ class LengthDistribution:
         return self.osl if self.ratio >= 1 else (max(1, int(self.osl * self.ratio)) + self.osl) / 2
 
 
-class Client:
-    """Issues requests to the system under test and is told when each one finishes."""
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: arrival (seconds from the trace's first), lengths, and
+    the hashes of its prompt's blocks when the trace records them (Mooncake `hash_ids`)."""
 
-    def __init__(self, lengths: LengthDistribution, num_requests: int, warmup_requests: int,
-                 seed: int) -> None:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+
+
+class DeclaredHitRate:
+    """Every prompt finds the fraction `hit_rate` of its tokens (rounded down) in the
+    cache, at most all but its last token: the engine computes the last prompt token to
+    sample the first output token (vLLM `kv_cache_manager.get_computed_blocks`:
+    `max_cache_hit_length = request.num_tokens - 1`)."""
+
+    source = "hit_rate"
+
+    def __init__(self, hit_rate: float) -> None:
+        if not 0.0 <= hit_rate <= 1.0:
+            raise ConfigError(f"has value {hit_rate}", field="--prefix-cache-hit-rate",
+                              expected="a fraction in [0, 1]")
+        self.hit_rate = hit_rate
+
+    def lookup(self, input_tokens: int, block_hashes: Sequence[int]) -> int:
+        # the epsilon keeps 0.7 x 1000 at 700, not 699 (binary fractions)
+        cached = math.floor(self.hit_rate * input_tokens + 1e-9)
+        return max(0, min(cached, input_tokens - 1))
+
+
+class BlockLRU:
+    """A prefix cache of `capacity_blocks` blocks of `block_tokens` tokens, named by the
+    trace's block hashes and evicted least recently used first. A prompt's cached
+    prefix is its leading run of blocks already held (a block's hash covers its whole
+    prefix, as in vLLM's chained block hashes); then every block of the prompt becomes
+    the most recently used. Lookup and insertion happen when a request is issued."""
+
+    source = "trace_hash_ids"
+
+    def __init__(self, capacity_blocks: int, block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ConfigError(f"block of {block_tokens} tokens", field="block_tokens",
+                              expected="a positive integer")
+        self.capacity_blocks = max(0, int(capacity_blocks))
+        self.block_tokens = block_tokens
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def lookup(self, input_tokens: int, block_hashes: Sequence[int]) -> int:
+        held = self._blocks
+        hits = 0
+        for h in block_hashes:
+            if h not in held:
+                break
+            hits += 1
+        for h in block_hashes:
+            if h in held:
+                held.move_to_end(h)
+            else:
+                held[h] = None
+        while len(held) > self.capacity_blocks:
+            held.popitem(last=False)
+        return max(0, min(hits * self.block_tokens, input_tokens - 1))
+
+
+class Client:
+    """Issues requests to the system under test and is told when each one finishes.
+    With a `prefix_cache` (set before the simulation starts), each request starts with
+    the cached part of its prompt already prefilled (`Request.prefilled`)."""
+
+    def __init__(self, lengths: LengthDistribution | None, num_requests: int,
+                 warmup_requests: int, seed: int) -> None:
         if num_requests < 1 or warmup_requests < 0:
             raise ConfigError(f"num_requests={num_requests}, warmup={warmup_requests}",
                               field="num_requests", expected="num_requests >= 1, warmup >= 0")
         total = num_requests + warmup_requests
         rng = np.random.default_rng(seed)
-        self.inputs, self.outputs = lengths.sample(total, rng)
+        if lengths is not None:
+            self.inputs, self.outputs = lengths.sample(total, rng)
+        self.block_hashes: Sequence[Sequence[int]] | None = None
+        self.prefix_cache: DeclaredHitRate | BlockLRU | None = None
         self.rng = rng
         self.lengths = lengths
         self.num_requests = num_requests
@@ -100,8 +176,12 @@ class Client:
     def _make(self, arrival_s: float) -> Request:
         i = self.issued
         self.issued += 1
-        return Request(i, arrival_s, int(self.inputs[i]), int(self.outputs[i]),
-                       measured=i >= self.warmup_requests)
+        r = Request(i, arrival_s, int(self.inputs[i]), int(self.outputs[i]),
+                    measured=i >= self.warmup_requests)
+        if self.prefix_cache is not None:
+            hashes = self.block_hashes[i] if self.block_hashes is not None else ()
+            r.cached_tokens = r.prefilled = self.prefix_cache.lookup(r.input_tokens, hashes)
+        return r
 
     def initial(self) -> list[Request]:
         raise NotImplementedError
@@ -151,6 +231,24 @@ class OpenLoopClient(Client):
 
     def initial(self) -> list[Request]:
         return [self._make(float(t)) for t in self.times]
+
+
+class TraceClient(OpenLoopClient):
+    """Replays the first `warmup_requests + num_requests` requests of a trace (in
+    arrival order): each arrives at its recorded time with its recorded lengths."""
+
+    def __init__(self, requests: Sequence[TraceRequest], num_requests: int,
+                 warmup_requests: int = 0) -> None:
+        total = num_requests + warmup_requests
+        if len(requests) < total:
+            raise ConfigError(f"holds {len(requests)} requests", field="--trace",
+                              expected=f"at least {total} (--num-requests + --warmup-requests)")
+        Client.__init__(self, None, num_requests, warmup_requests, 0)
+        chosen = sorted(requests, key=lambda q: q.arrival_s)[:total]
+        self.times = np.array([q.arrival_s for q in chosen], dtype=float)
+        self.inputs = np.array([q.input_tokens for q in chosen], dtype=np.int64)
+        self.outputs = np.array([q.output_tokens for q in chosen], dtype=np.int64)
+        self.block_hashes = [q.block_hashes for q in chosen]
 
 
 # Requests one simulation may issue without `--allow-long-run`: 50,000 requests of
