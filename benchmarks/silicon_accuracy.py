@@ -18,7 +18,14 @@ overall:
 Every figure is a full simulation of the row (held-out rows are simulated with their
 fold's parameters). The wall time of the fit is printed too.
 
+Then the disagg rows of each system, apart (prefill and decode pools, KV transfer):
+coverage (of all disagg rows and of those that record worker counts), TTFT and TPOT
+MAPE and median APE, physics only (`none`) and with the shipped revision (`default`).
+No number is fitted on disagg rows: the shipped revision's overheads were fitted on agg
+rows only, so every disagg figure is held out.
+
     python benchmarks/silicon_accuracy.py --quick FILE.csv   # one file, default revision
+    python benchmarks/silicon_accuracy.py --disagg-only      # only the disagg section
 """
 
 from __future__ import annotations
@@ -75,6 +82,12 @@ def _pct(v) -> str:
     return "   -  " if v is None else f"{100 * v:5.1f}%"
 
 
+def _scores(g: dict) -> str:
+    """' | TTFT mape/median TPOT mape/median' of one group."""
+    return (f" | {_pct(g['ttft_mape'])}/{_pct(g['ttft_median_ape'])[1:]}"
+            f" {_pct(g['tpot_mape'])}/{_pct(g['tpot_median_ape'])[1:]}")
+
+
 def print_table(title: str, columns: dict[str, dict[tuple, dict]]) -> None:
     print(f"== {title}")
     names = list(columns)
@@ -90,10 +103,7 @@ def print_table(title: str, columns: dict[str, dict[tuple, dict]]) -> None:
         first = columns[names[0]][key]
         line = (f"{key[0][:9]:9s} {key[1][:34]:34s} {key[2][:7]:7s} {first['rows']:4d} "
                 f"{100 * first['coverage']:5.1f}% {100 * first['clean_coverage']:5.1f}%")
-        for n in names:
-            g = columns[n][key]
-            line += (f" | {_pct(g['ttft_mape'])}/{_pct(g['ttft_median_ape'])[1:]}"
-                     f" {_pct(g['tpot_mape'])}/{_pct(g['tpot_median_ape'])[1:]}")
+        line += "".join(_scores(columns[n][key]) for n in names)
         print(line)
 
 
@@ -111,11 +121,18 @@ def main(argv: list[str] | None = None) -> int:
                     "curves the simulator uses (fitted first on kernel tables)")
     ap.add_argument("--quick", default=None, help="only validate this CSV with the shipped "
                     "default revision (no fit)")
+    ap.add_argument("--disagg-only", action="store_true", help="only the disagg section")
     args = ap.parse_args(argv)
     evidence_root = Path(args.evidence_root) if args.evidence_root else None
     configs = Path(args.model_configs)
     if args.quick:
         return quick(Path(args.quick), evidence_root, configs)
+    if args.disagg_only:
+        disagg = disagg_section(args.systems, evidence_root, configs)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"systems": args.systems, "disagg": disagg},
+                                                  indent=1), encoding="utf-8")
+        return 0
 
     from perfcast.calibrate.fit_serving import fit_serving_revision
     from perfcast.calibrate.revision import dumps
@@ -181,12 +198,58 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== fit with {len(cv)} CV schemes: {fit_s:.0f} s; everything: {total_s:.0f} s")
     if args.revision_out:
         Path(args.revision_out).write_text(dumps(rev), encoding="utf-8")
+    disagg = disagg_section(args.systems, evidence_root, configs)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "revision": rev.digest, "fit_seconds": fit_s, "systems": args.systems,
-            "columns": {c: {"|".join(k): v for k, v in g.items()} for c, g in columns.items()}},
-            indent=1), encoding="utf-8")
+            "columns": {c: {"|".join(k): v for k, v in g.items()} for c, g in columns.items()},
+            "disagg": disagg}, indent=1), encoding="utf-8")
     return 0
+
+
+def disagg_section(systems: list[str], evidence_root: Path | None, configs: Path) -> dict:
+    """Scores of every system's disagg rows, physics only and with the shipped revision
+    (fitted on agg rows only), per system x model x backend and per system; printed and
+    returned as {column: {"system|model|backend": scores}}."""
+    from perfcast.cli.validate import ValidateArgs, run_validate, silicon_rows
+
+    columns: dict[str, dict] = {}
+    reasons: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for name in ("none", "default"):
+        column: dict[str, dict] = {}
+        for system in systems:
+            # the same path as `perfcast validate silicon FILE --mode disagg`
+            a = ValidateArgs(file=str(REF / "silicon" / f"{system}.csv"),
+                             evidence_root=str(evidence_root) if evidence_root else None,
+                             model_configs=str(configs), mode="disagg", calibration=name)
+            doc, res = run_validate(a, silicon_rows(a))
+            for g in doc["summary_by_mode"].get("disagg", []):
+                key = (system if g["system"] == "*" else g["system"], g["model"], g["backend"])
+                column["|".join(key)] = g
+            if name == "default":
+                for r in res:
+                    if r.reason:
+                        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        label = "none" if doc["calibration"] == "none" else f"default {doc['calibration'][:8]}"
+        columns[label] = column
+    print("== disagg rows: coverage of all rows / of rows with worker counts; TTFT and TPOT "
+          "MAPE / median APE (nothing fitted on disagg rows: held out)")
+    names = list(columns)
+    print(f"{'system':9s} {'model':34s} {'backend':7s} {'rows':>4s} {'cov':>6s} {'counts':>6s} "
+          f"{'cov':>6s}" + "".join(f" | {n[:22]:^25s}" for n in names))
+    for key in sorted(columns[names[0]], key=lambda k: (k.split("|")[1] == "*", k)):
+        first = columns[names[0]][key]
+        sysname, model, backend = key.split("|")
+        line = (f"{sysname[:9]:9s} {model[:34]:34s} {backend[:7]:7s} {first['rows']:4d} "
+                f"{100 * first['coverage']:5.1f}% {first['rows_with_worker_counts']:6d} "
+                f"{_pct(first['coverage_with_worker_counts'])}")
+        line += "".join(_scores(columns[n][key]) for n in names)
+        print(line)
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:4d} not predicted: {reason[:160]}")
+    print(f"== disagg section: {time.perf_counter() - t0:.0f} s")
+    return columns
 
 
 def quick(csv: Path, evidence_root: Path | None, configs: Path) -> int:

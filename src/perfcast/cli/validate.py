@@ -89,7 +89,7 @@ def silicon_rows(a: ValidateArgs) -> list[dict]:
 def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
     """(the `perfcast validate silicon --format json` document, the row results) of the
     rows of `a`; `progress(done, total)` as rows finish."""
-    from perfcast.serving.silicon import summarize, validate_rows
+    from perfcast.serving.silicon import summarize, summarize_by_mode, validate_rows
 
     evidence_for = None
     if a.evidence_root:
@@ -102,8 +102,36 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
                             overheads=all_overheads(revision),
                             analytic_for=analytic_for(revision), progress=progress)
     doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
+           "summary_by_mode": summarize_by_mode(results),
            "calibration": revision.digest if revision else "none"}
     return doc, results
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def summary_table(title: str, groups: list[dict]) -> Table:
+    """One mode's summary groups; disagg groups add the coverage of the rows that record
+    worker counts (`cov. w/ counts`)."""
+    counted = any("rows_with_worker_counts" in g for g in groups)
+    table = Table(title=title)
+    cols = ["system", "model", "backend", "rows", "coverage"]
+    if counted:
+        cols += ["rows w/ counts", "cov. w/ counts"]
+    cols += ["TTFT MAPE", "TTFT medAPE", "TPOT MAPE", "TPOT medAPE"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("system", "model", "backend")
+                         else "right", overflow="fold")
+    for g in groups:
+        cells = [g["system"], g["model"], g["backend"], str(g["rows"]), _pct(g["coverage"])]
+        if counted:
+            cells += [str(g.get("rows_with_worker_counts", "")),
+                      _pct(g.get("coverage_with_worker_counts"))]
+        cells += [_pct(g["ttft_mape"]), _pct(g["ttft_median_ape"]), _pct(g["tpot_mape"]),
+                  _pct(g["tpot_median_ape"])]
+        table.add_row(*cells)
+    return table
 
 
 @app.command("silicon")
@@ -137,7 +165,6 @@ def silicon_command(
         rows = silicon_rows(args)
         with progress_bar("simulating rows", len(rows)) as advance:
             doc, results = run_validate(args, rows, progress=advance)
-        groups = doc["summary"]
         if output_format is Format.csv:
             text = rows_csv(results)
         elif output_format is Format.json:
@@ -163,20 +190,9 @@ def silicon_command(
                                    _num(r.pred_ttft_ms), _num(r.measured_tpot_ms),
                                    _num(r.pred_tpot_ms), r.reason)
             console.print(rows_table)
-        table = Table(title=f"silicon validation: {file.name}")
-        for col in ("system", "model", "backend", "rows", "coverage", "TTFT MAPE", "TTFT medAPE",
-                    "TPOT MAPE", "TPOT medAPE"):
-            table.add_column(col, justify="right" if col[0].isupper() or col in ("rows", "coverage")
-                             else "left", overflow="fold")
-
-        def pct(v):
-            return "-" if v is None else f"{100 * v:.1f}%"
-
-        for g in groups:
-            table.add_row(g["system"], g["model"], g["backend"], str(g["rows"]),
-                          pct(g["coverage"]), pct(g["ttft_mape"]), pct(g["ttft_median_ape"]),
-                          pct(g["tpot_mape"]), pct(g["tpot_median_ape"]))
-        console.print(table)
+        for mode_name, groups in doc["summary_by_mode"].items():
+            console.print(summary_table(f"silicon validation: {file.name}, {mode_name} rows",
+                                        groups))
         reasons: dict[str, int] = {}
         for r in results:
             if r.reason:

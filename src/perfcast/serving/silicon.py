@@ -57,6 +57,8 @@ class RowResult:
     pred_tpot_ms: float | None = None
     reason: str = ""
     assumptions: list[str] = field(default_factory=list)
+    # disagg rows: whether the row records its worker counts and decode batch size
+    has_worker_counts: bool | None = None
 
     @property
     def predicted(self) -> bool:
@@ -224,22 +226,30 @@ def scale_up_gpus(system: System, rules: dict) -> int:
     return int(capacity) if capacity else int(rules["harness"].get("nodes_gpus", 8))
 
 
+def _layout(row: dict, prefix: str = "") -> tuple[ParallelPlan, int]:
+    """(plan, attention-DP size) of the layout fields `<prefix>tp_size`, ... of a row."""
+    tp = _int(row, f"{prefix}tp_size")
+    pp = _int(row, f"{prefix}pp_size", 1)
+    adp = _int(row, f"{prefix}attention_dp_size", 1) or 1
+    ep = _int(row, f"{prefix}moe_ep_size", 1) or 1
+    moe_tp = _int(row, f"{prefix}moe_tp_size", 0)
+    if tp < 1 or pp < 1:
+        raise RowError(f"{prefix}tp_size and {prefix}pp_size must be >= 1")
+    if ep > 1 and moe_tp * ep not in (0, tp * adp):
+        raise RowError(f"inconsistent layout: {prefix}moe_tp {moe_tp} x {prefix}moe_ep {ep} != "
+                       f"{prefix}tp {tp} x {prefix}attention-dp {adp}")
+    return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep, moe_tp=moe_tp if ep > 1 else 0), adp
+
+
 def _agg_layout(row: dict, rules: dict, node: int) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
-    ep = _int(row, "moe_ep_size", 1) or 1
-    moe_tp = _int(row, "moe_tp_size", 0)
-    if tp < 1 or pp < 1:
-        raise RowError("tp_size and pp_size must be >= 1")
     gpus = tp * pp * adp
-    if gpus > node:
+    if tp >= 1 and pp >= 1 and gpus > node:
         raise RowError(f"inconsistent layout: tp {tp} x pp {pp} x attention-dp {adp} = {gpus} "
                        f"GPUs exceeds one {node}-GPU node (scale-up domain) of the system")
-    if ep > 1 and moe_tp * ep not in (0, tp * adp):
-        raise RowError(f"inconsistent layout: moe_tp {moe_tp} x moe_ep {ep} != tp {tp} x "
-                       f"attention-dp {adp}")
-    return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep, moe_tp=moe_tp if ep > 1 else 0), adp
+    return _layout(row)
 
 
 def row_config(row: dict, models: ModelResolver, rules: dict,
@@ -261,14 +271,6 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     bad = rules.get("known_bad_versions", {}).get(name, {})
     if version in bad:
         raise RowError(bad[version])
-    try:
-        backend = load_backend(name)
-    except ConfigError as exc:
-        raise RowError(str(exc)) from None
-    if overheads and name in overheads:
-        backend = backend.with_overheads(**overheads[name])
-    if not version:
-        notes.append("backend_version empty: engine defaults of the backend file used")
     isl, osl = _int(row, "isl"), _int(row, "osl")
     if isl < 1 or osl < 1:
         raise RowError("isl and osl must be >= 1")
@@ -281,11 +283,21 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         conc = _int(row, "batch_size") * adp
         pool, decode_pool = Pool(plan), None
     elif mode == "disagg":
-        pool, decode_pool, conc = _disagg_layout(row, rules)
+        pool, decode_pool, conc, layout_notes = _disagg_layout(row, system, rules)
+        notes.extend(layout_notes)
     else:
         raise RowError(f"mode {mode!r} is neither agg nor disagg")
     if conc < 1:
         raise RowError("concurrency is zero")
+    lead = decode_pool or pool   # the pool whose steps set TPOT
+    try:
+        backend = load_backend(name, version, system=system, tp=lead.plan.tp, pp=lead.plan.pp)
+    except ConfigError as exc:
+        raise RowError(str(exc)) from None
+    if overheads and name in overheads:
+        backend = backend.with_overheads(**overheads[name])
+    if backend.version_note:
+        notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
     sched_changes: dict = {}
@@ -330,29 +342,44 @@ def ttft_in_completion_gaps(concurrency: int, osl: int, ttft_ms: float, tpot_ms:
     return ttft_ms * concurrency / (ttft_ms + (osl - 1) * tpot_ms)
 
 
-def _disagg_layout(row: dict, rules: dict) -> tuple[Pool, Pool, int]:
-    def plan(prefix: str) -> tuple[ParallelPlan, int]:
-        tp = _int(row, f"{prefix}_tp_size")
-        pp = _int(row, f"{prefix}_pp_size", 1)
-        adp = _int(row, f"{prefix}_attention_dp_size", 1) or 1
-        ep = _int(row, f"{prefix}_moe_ep_size", 1) or 1
-        workers = _int(row, f"{prefix}_num_workers")
-        if workers < 1:
-            raise RowError(f"{prefix}_num_workers must be >= 1")
-        return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep), workers
+WORKER_FIELDS = ("prefill_num_workers", "decode_num_workers", "decode_batch_size")
 
-    try:
-        pplan, pw = plan("prefill")
-        dplan, dw = plan("decode")
-        dbs = _int(row, "decode_batch_size")
-    except RowError as exc:
-        raise RowError(f"disagg row lacks worker counts or batch sizes ({exc})") from None
-    conc = dbs * dw * dplan.dp
-    return Pool(pplan, pw), Pool(dplan, dw), conc
+
+def _disagg_layout(row: dict, system: System, rules: dict
+                   ) -> tuple[Pool, Pool, int, list[str]]:
+    """(prefill pool, decode pool, client concurrency, assumptions) of a disagg row.
+    Concurrency = decode_batch_size x decode workers x decode attention-DP (reference
+    README); `prefill_batch_size` is an adapter default there, not a measurement, and is
+    not read. A row without worker counts cannot be modelled: how many workers of each
+    role ran and how many clients were sent are not recorded, and the harness documents
+    no default for them."""
+    missing = [k for k in WORKER_FIELDS if not (row.get(k) or "").strip()]
+    if missing:
+        raise RowError(
+            f"disagg row lacks worker counts ({', '.join(missing)} empty): the number of "
+            "prefill and decode workers and the client concurrency (decode_batch_size x "
+            "decode workers x decode attention-DP) are not recorded, and the harness "
+            "documents no default for them (reference README)")
+    node = scale_up_gpus(system, rules)
+    pools, notes = [], []
+    for role in ("prefill", "decode"):
+        plan, _ = _layout(row, f"{role}_")
+        workers = _int(row, f"{role}_num_workers")
+        if workers < 1:
+            raise RowError(f"{role}_num_workers must be >= 1")
+        if plan.num_devices > node:
+            tier = system.tier_for_group(plan.num_devices)
+            notes.append(f"each {role} worker spans {plan.num_devices} GPUs, more than one "
+                         f"{node}-GPU scale-up domain: its collectives across nodes run "
+                         f"over {tier.name}")
+        pools.append(Pool(plan, workers))
+    prefill, decode = pools
+    conc = _int(row, "decode_batch_size") * decode.workers * decode.plan.dp
+    return prefill, decode, conc, notes
 
 
 def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
-    """Why an agg row's measurement contradicts the hardware, or None.
+    """Why a row's measurement contradicts the hardware, or None.
 
     A decode step reads at least every byte its tasks touch (weights, the experts its
     tokens reach, the KV cache of the prompts) through HBM, so its time is at least those
@@ -360,12 +387,19 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
     is at least that. The requests in decode come from the row itself (Little's law on
     its TTFT and TPOT, `closed_loop_in_decode`), each with at least the prompt cached. A
     measured TPOT below that bound cannot be this deployment at this concurrency and
-    these lengths (e.g. outputs that stopped early, or fewer clients than recorded)."""
-    if cfg.mode != "agg" or not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
+    these lengths (e.g. outputs that stopped early, or fewer clients than recorded).
+    Disagg rows: the same bound on the decode pool (the requests in decode are there)."""
+    if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
+        return None
+    if cfg.mode == "agg":
+        pool = cfg.pool
+    elif cfg.mode == "disagg" and cfg.decode_pool is not None:
+        pool = cfg.decode_pool
+    else:
         return None
     in_decode = closed_loop_in_decode(cfg.concurrency, cfg.osl, ttft_ms, tpot_ms)
-    per_replica = max(1, int(in_decode / max(cfg.pool.workers, 1)))
-    graph = build_task_graph(cfg.model, cfg.pool.plan, Batch.decode(per_replica, cfg.isl),
+    per_replica = max(1, int(in_decode / max(pool.workers, 1)))
+    graph = build_task_graph(cfg.model, pool.plan, Batch.decode(per_replica, cfg.isl),
                              cfg.precision)
     moved = sum(t.work.bytes_total * t.count for t in graph.tasks
                 if t.kind is TaskKind.COMPUTE)
@@ -407,6 +441,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             model=row.get("model_path", ""), backend=row.get("backend", ""),
             backend_version=row.get("backend_version", ""), mode=row.get("mode", ""),
             isl=None, osl=None, concurrency=None, measured_ttft_ms=None, measured_tpot_ms=None)
+        if res.mode.strip() == "disagg":
+            res.has_worker_counts = all((row.get(k) or "").strip() for k in WORKER_FIELDS)
         try:
             res.measured_ttft_ms = _num(row, "silicon_ttft_ms")
             res.measured_tpot_ms = _num(row, "silicon_tpot_ms")
@@ -460,7 +496,8 @@ def ape(pred: float, meas: float) -> float:
 
 
 def summarize(results: Sequence[RowResult], keys=("system", "model", "backend")) -> list[dict]:
-    """MAPE and median APE per group (and overall, group '*'), with coverage."""
+    """MAPE and median APE per group (and overall, group '*'), with coverage; for
+    groups of disagg rows also the coverage of the rows that record worker counts."""
     groups: dict[tuple, list[RowResult]] = {}
     for r in results:
         groups.setdefault(tuple(getattr(r, k) for k in keys), []).append(r)
@@ -470,10 +507,23 @@ def summarize(results: Sequence[RowResult], keys=("system", "model", "backend"))
         done = [r for r in rs if r.predicted]
         t = np.array([ape(r.pred_ttft_ms, r.measured_ttft_ms) for r in done])
         p = np.array([ape(r.pred_tpot_ms, r.measured_tpot_ms) for r in done])
-        out.append({**dict(zip(keys, key)), "rows": len(rs), "predicted": len(done),
-                    "coverage": len(done) / len(rs) if rs else 0.0,
-                    "ttft_mape": float(t.mean()) if t.size else None,
-                    "ttft_median_ape": float(np.median(t)) if t.size else None,
-                    "tpot_mape": float(p.mean()) if p.size else None,
-                    "tpot_median_ape": float(np.median(p)) if p.size else None})
+        group = {**dict(zip(keys, key)), "rows": len(rs), "predicted": len(done),
+                 "coverage": len(done) / len(rs) if rs else 0.0,
+                 "ttft_mape": float(t.mean()) if t.size else None,
+                 "ttft_median_ape": float(np.median(t)) if t.size else None,
+                 "tpot_mape": float(p.mean()) if p.size else None,
+                 "tpot_median_ape": float(np.median(p)) if p.size else None}
+        counted = [r for r in rs if r.has_worker_counts]
+        if any(r.has_worker_counts is not None for r in rs):
+            group["rows_with_worker_counts"] = len(counted)
+            group["coverage_with_worker_counts"] = (
+                sum(r.predicted for r in counted) / len(counted) if counted else None)
+        out.append(group)
     return out
+
+
+def summarize_by_mode(results: Sequence[RowResult],
+                      keys=("system", "model", "backend")) -> dict[str, list[dict]]:
+    """`summarize` of each mode's rows apart (agg and disagg are not comparable)."""
+    modes = sorted({r.mode.strip() for r in results})
+    return {m: summarize([r for r in results if r.mode.strip() == m], keys) for m in modes}

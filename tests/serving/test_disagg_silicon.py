@@ -1,0 +1,121 @@
+"""`validate silicon` on disagg rows: two pools from the row's prefill_* / decode_*
+fields, a reason for rows without worker counts, and a summary per mode. The rows are
+copied unchanged from the public silicon files (tests/fixtures/silicon/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from perfcast.cli.main import app
+from perfcast.serving.silicon import (ModelResolver, RowError, load_rules, read_rows,
+                                      row_config, summarize_by_mode, validate_rows)
+from perfcast.workload import ParallelPlan
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "silicon"
+ROWS = {r["id"]: r for r in read_rows(FIXTURES / "disagg_rows.csv")}
+TP8_EP8 = "dsr1_h200_trtllm_fp8_disagg_1024x1024_c576_cfg303"
+ADP8_EP8 = "dsr1_h200_trtllm_fp8_disagg_1024x1024_c1152_cfg321"
+WIDE = "dsr1_h100_trtllm_fp8_disagg_1024x1024_c9_cfg494"
+NO_COUNTS = ("2026_03_25_deepseek_r1_h100_sxm_sglang_fp8_disagg_1024x8192_c16_tp16_0_ep1_0_695",
+             "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c288_tp8_0_ep8_0_353")
+BELOW_BOUND = "qwen3_32b_qwen3_32b_h100_sxm_vllm_disagg_4000x1000_c_tp_epnone_2"
+
+
+def _config(row_id: str):
+    rules = load_rules()
+    return row_config(ROWS[row_id], ModelResolver(None, rules), rules)
+
+
+def test_row_with_worker_counts_becomes_a_prefill_and_a_decode_pool():
+    """prefill: 1 worker TP8 x EP8 (moe_tp 1); decode: 9 such workers of 64 requests:
+    576 clients."""
+    cfg, notes = _config(TP8_EP8)
+    assert cfg.mode == "disagg"
+    assert cfg.pool.workers == 1 and cfg.decode_pool.workers == 9
+    assert cfg.pool.plan == ParallelPlan(tp=8, dp=1, ep=8, moe_tp=1)
+    assert cfg.decode_pool.plan == ParallelPlan(tp=8, dp=1, ep=8, moe_tp=1)
+    assert cfg.concurrency == 64 * 9
+    assert not any("spans" in n for n in notes)
+
+
+def test_decode_attention_dp_multiplies_the_concurrency():
+    """decode_batch_size 16 x 9 workers x attention-DP 8 = 1,152 clients (the figure the
+    harness's own label of this row records)."""
+    cfg, _ = _config(ADP8_EP8)
+    assert cfg.decode_pool.plan == ParallelPlan(tp=1, dp=8, ep=8, moe_tp=1)
+    assert cfg.decode_pool.workers == 9
+    assert cfg.concurrency == 1152
+
+
+def test_worker_wider_than_a_node_is_modelled_over_the_scale_out_tier():
+    cfg, notes = _config(WIDE)
+    assert cfg.pool.plan.num_devices == 16 and cfg.decode_pool.plan.num_devices == 16
+    assert cfg.decode_pool.workers == 3 and cfg.concurrency == 3 * 3
+    assert any("prefill worker spans 16 GPUs" in n and "infiniband" in n for n in notes)
+
+
+@pytest.mark.parametrize("row_id", NO_COUNTS)
+def test_row_without_worker_counts_gets_a_reason(row_id):
+    with pytest.raises(RowError, match="lacks worker counts"):
+        _config(row_id)
+    (res,) = validate_rows([ROWS[row_id]])
+    assert not res.predicted and res.has_worker_counts is False
+    assert "prefill_num_workers, decode_num_workers, decode_batch_size" in res.reason
+
+
+def test_missing_one_count_names_it():
+    row = dict(ROWS[TP8_EP8], decode_num_workers="")
+    with pytest.raises(RowError, match=r"\(decode_num_workers empty\)"):
+        row_config(row, ModelResolver(None, load_rules()), load_rules())
+
+
+def test_inconsistent_worker_layout_is_a_reason():
+    row = dict(ROWS[TP8_EP8], decode_moe_tp_size="2.0")
+    with pytest.raises(RowError, match="decode_moe_tp 2 x decode_moe_ep 8"):
+        row_config(row, ModelResolver(None, load_rules()), load_rules())
+
+
+def test_decode_pool_measurement_below_the_memory_bound_is_a_reason():
+    """Qwen3-32B fp8, decode 2 workers x TP4 at 448 clients, 4,000-token prompts: the
+    requests in decode need more HBM traffic per step than the measured 8.7 ms TPOT
+    allows."""
+    (res,) = validate_rows([ROWS[BELOW_BOUND]])
+    assert not res.predicted and res.has_worker_counts is True
+    assert "below" in res.reason and "contradicts" in res.reason
+
+
+def test_summary_by_mode_keeps_agg_and_disagg_apart():
+    agg = read_rows(FIXTURES / "h100_sxm_slice.csv")[:1]
+    rows = agg + [ROWS[NO_COUNTS[0]], ROWS[BELOW_BOUND]]
+    by_mode = summarize_by_mode(validate_rows(rows))
+    assert set(by_mode) == {"agg", "disagg"}
+    (agg_all,) = [g for g in by_mode["agg"] if g["model"] == "*"]
+    (dis_all,) = [g for g in by_mode["disagg"] if g["model"] == "*"]
+    assert agg_all["rows"] == 1 and "rows_with_worker_counts" not in agg_all
+    assert dis_all["rows"] == 2 and dis_all["rows_with_worker_counts"] == 1
+    assert dis_all["coverage_with_worker_counts"] == 0.0
+
+
+def test_validate_json_has_a_disagg_summary(tmp_path):
+    src = (FIXTURES / "disagg_rows.csv").read_text().splitlines()
+    keep = (*NO_COUNTS, BELOW_BOUND, WIDE)
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("\n".join([src[0]] + [ln for ln in src[1:]
+                                              if ln.split(",", 1)[0] in keep]) + "\n")
+    out = tmp_path / "v.json"
+    res = CliRunner().invoke(app, ["validate", "silicon", str(csv_file), "--mode", "disagg",
+                                   "--format", "json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert list(doc["summary_by_mode"]) == ["disagg"]
+    (overall,) = [g for g in doc["summary_by_mode"]["disagg"] if g["model"] == "*"]
+    assert overall["rows"] == 4 and overall["rows_with_worker_counts"] == 2
+    assert overall["predicted"] == 1 and overall["coverage_with_worker_counts"] == 0.5
+    assert overall["ttft_mape"] is not None and overall["tpot_mape"] is not None
+    by_id = {r["row_id"]: r for r in doc["rows"]}
+    assert by_id[WIDE]["pred_ttft_ms"] > 0
+    assert all(by_id[i]["pred_ttft_ms"] is None for i in NO_COUNTS)
