@@ -20,11 +20,21 @@ class LinearCost:
     def decode_run_s(self, requests: int, context0: float, steps: int) -> np.ndarray:
         return np.full(steps, self.a + self.b * requests)
 
+    def iteration_split(self, shape: StepShape, total_s: float, steps: int = 1):
+        """(compute, communication, launch, host): the per-token part is compute, the
+        fixed part host time."""
+        host = self.a * steps
+        return total_s - host, 0.0, 0.0, host
+
 
 def engine(cost=None, *, policy="decode_first", budget=100_000, max_running=1024,
            chunked=True, mix=True, admission="reserve_full", capacity=10**9, block=1,
-           role="agg", trace=True, name="e0") -> Engine:
+           role="agg", trace=True, name="e0", mixed_chunk=False, conservativeness=0.0,
+           explain=False) -> Engine:
     sched = SchedulerConfig(policy=policy, token_budget=budget, max_running_requests=max_running,
-                            chunked_prefill=chunked, mix_decode_and_prefill=mix)
+                            chunked_prefill=chunked, mix_decode_and_prefill=mix,
+                            enable_mixed_chunk=mixed_chunk,
+                            schedule_conservativeness=conservativeness)
     kv = KVCacheConfig(admission=admission, block_tokens=block)
-    return Engine(name, cost or LinearCost(), sched, kv, capacity, role=role, record_trace=trace)
+    return Engine(name, cost or LinearCost(), sched, kv, capacity, role=role, record_trace=trace,
+                  explain=explain)

@@ -82,8 +82,8 @@ def test_littles_law_holds_in_open_loop():
 
 def _max_running(e):
     seen = 0
-    for start, dt, steps, decode, chunks in e.stats.trace:
-        seen = max(seen, decode + len(chunks))
+    for it in e.stats.trace:
+        seen = max(seen, it.decode_requests + len(it.prefill_chunks))
     return seen
 
 
@@ -120,25 +120,25 @@ def test_prefill_first_never_mixes_and_inflight_takes_whole_prompts():
     client = ClosedLoopClient(8, LengthDistribution(300, 40, ratio=0.5), num_requests=40, seed=1)
     e = engine(policy="prefill_first", budget=1000, mix=False)
     simulate(client, [e], num_gpus=1)
-    assert all(not (decode and chunks) for _, _, _, decode, chunks in e.stats.trace)
-    assert any(chunks for *_, chunks in e.stats.trace)
+    assert all(not (it.decode_requests and it.prefill_chunks) for it in e.stats.trace)
+    assert any(it.prefill_chunks for it in e.stats.trace)
     client = ClosedLoopClient(8, LengthDistribution(300, 40, ratio=0.5), num_requests=40, seed=1)
     e = engine(policy="inflight", budget=700, chunked=False)
     res = simulate(client, [e], num_gpus=1)
     assert res.metrics.completed_requests == 40
     prompts = {int(r.input_tokens) for r in res.finished}
-    for _, _, _, decode, chunks in e.stats.trace:
-        assert all(q in prompts for q in chunks)
-        assert sum(chunks) + decode <= 700
+    for it in e.stats.trace:
+        assert all(q in prompts for q in it.prefill_chunks)
+        assert sum(it.prefill_chunks) + it.decode_requests <= 700
 
 
 def test_decode_first_chunks_fill_the_budget_after_decodes():
     client = ClosedLoopClient(8, LengthDistribution(3000, 30), num_requests=16)
     e = engine(budget=1024)
     simulate(client, [e], num_gpus=1)
-    for _, _, _, decode, chunks in e.stats.trace:
-        assert decode + sum(chunks) <= 1024
-    assert max(sum(c) for *_, c in e.stats.trace) == 1024
+    for it in e.stats.trace:
+        assert it.decode_requests + sum(it.prefill_chunks) <= 1024
+    assert max(sum(it.prefill_chunks) for it in e.stats.trace) == 1024
 
 
 def test_warmup_requests_are_excluded():

@@ -213,6 +213,8 @@ def test_serve_and_two_searches_at_once(browser, server, shots):
     assert detail, "clicking the frontier point showed nothing"
     assert "concurrency" in detail
     assert "ttft_ms" in until(lambda: text(browser, "point-serve"), what="its serve record")
+    assert "prefill_waits" in until(lambda: text(browser, "point-explain"),
+                                    what="where its time goes")
     assert errors(browser) == []
     shoot(browser, shots, "serve")
 

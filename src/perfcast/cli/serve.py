@@ -68,6 +68,16 @@ def serve_command(
     token_budget: Annotated[Optional[int], typer.Option("--token-budget")] = None,
     max_running_requests: Annotated[Optional[int], typer.Option("--max-running-requests")] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option("--chunked-prefill/--no-chunked-prefill")] = None,
+    schedule_conservativeness: Annotated[Optional[float], typer.Option(
+        "--schedule-conservativeness", help="prefill_first (SGLang): reserve running requests' "
+        "future decode tokens when admitting (SGLang's default 1.0; 0 off)")] = None,
+    enable_mixed_chunk: Annotated[Optional[bool], typer.Option(
+        "--enable-mixed-chunk/--no-enable-mixed-chunk", help="prefill_first (SGLang): decodes "
+        "run in the same batch as a prefill chunk")] = None,
+    capacity_scheduler_policy: Annotated[Optional[str], typer.Option(
+        "--capacity-scheduler-policy", help="inflight (TRT-LLM): GUARANTEED_NO_EVICT (KV for the "
+        "whole output reserved at admission) | MAX_UTILIZATION (allocate per step, pause the "
+        "newest request when short)")] = None,
     mode: Annotated[str, typer.Option(help="agg | disagg")] = "agg",
     workers: Annotated[int, typer.Option("--workers", help="agg replicas or prefill workers")] = 1,
     decode_workers: Annotated[int, typer.Option("--decode-workers")] = 1,
@@ -84,6 +94,9 @@ def serve_command(
     output_format: Annotated[OutputFormat, typer.Option("--format")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option("--chrome-trace", help="write engine "
                                                          "iterations as a Chrome trace")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="where the time goes: per-request "
+                                          "phases and the iteration split (table, or an "
+                                          "'explain' object in JSON)")] = False,
     calibration: CalibrationOption = "default",
     allow_long_run: Annotated[bool, typer.Option(
         "--allow-long-run", help=f"simulate more than {MAX_SIMULATED_REQUESTS:,} requests")] = False,
@@ -107,17 +120,22 @@ def serve_command(
             decode_ep_size=decode_ep_size,
             evidence_root=str(evidence_root) if evidence_root else None,
             evidence_versions=evidence_versions, exact=exact, calibration=calibration,
-            allow_long_run=allow_long_run)
+            allow_long_run=allow_long_run, explain=explain,
+            schedule_conservativeness=schedule_conservativeness,
+            enable_mixed_chunk=enable_mixed_chunk,
+            capacity_scheduler_policy=capacity_scheduler_policy)
         metrics, result = run_serve(args, note=lambda text: typer.echo(text, err=True),
                                     record_trace=chrome_trace is not None)
         if chrome_trace:
-            from perfcast.serving.trace import write_iteration_trace
+            from perfcast.report.chrome_trace import write_iteration_trace
 
             write_iteration_trace(result.engines, chrome_trace)
         if output_format is OutputFormat.json:
             typer.echo(json.dumps(metrics, indent=2))
             return
         _print_table(metrics, Console())
+        if explain:
+            print_explain(metrics["explain"], Console())
 
 
 @dataclass(frozen=True)
@@ -161,6 +179,10 @@ class ServeArgs:
     exact: bool = False
     calibration: str = "default"
     allow_long_run: bool = False
+    explain: bool = False
+    schedule_conservativeness: Optional[float] = None
+    enable_mixed_chunk: Optional[bool] = None
+    capacity_scheduler_policy: Optional[str] = None
 
 
 def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
@@ -196,6 +218,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
         policy=a.policy, token_budget=a.token_budget,
         max_running_requests=a.max_running_requests, chunked_prefill=a.chunked_prefill)
+    bk = engine_options(bk, a)
     decode_pool = None
     if a.mode == "disagg":
         dplan = build_plan(a.decode_tp_size or a.tp_size, a.pp_size,
@@ -215,7 +238,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                       trace_block_tokens=trace.block_tokens if trace else None,
                       prefix_cache_hit_rate=a.prefix_cache_hit_rate,
                       warmup_requests=a.warmup_requests, seed=a.seed, interpolate=not a.exact,
-                      record_trace=record_trace)
+                      record_trace=record_trace, explain=a.explain)
     providers, context, evidence = (), None, None
     if evidence_root:
         from perfcast.serving.evidence import evidence_loader
@@ -243,7 +266,10 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         "scheduler": {"policy": bk.scheduler.policy,
                       "token_budget": bk.scheduler.token_budget,
                       "max_running_requests": bk.scheduler.max_running_requests,
-                      "chunked_prefill": bk.scheduler.chunked_prefill},
+                      "chunked_prefill": bk.scheduler.chunked_prefill,
+                      "kv_admission": bk.kv_cache.admission,
+                      "schedule_conservativeness": bk.scheduler.schedule_conservativeness,
+                      "enable_mixed_chunk": bk.scheduler.enable_mixed_chunk},
         "client": {**client, "isl": None if trace else a.isl, "osl": None if trace else a.osl,
                    "range_ratio": None if trace else a.range_ratio,
                    "warmup_requests": a.warmup_requests, "seed": a.seed},
@@ -253,7 +279,40 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     metrics["provenance"] = provenance_json(
         tally.rows(), tally.queries if wrapped else None,
         calibration=metrics["calibration"], evidence=evidence)
+    if a.explain:
+        from perfcast.serving.explain import explain_json
+
+        metrics["explain"] = explain_json(result.finished, result.phases, result.engines)
     return metrics, result
+
+
+def engine_options(bk, a: ServeArgs):
+    """The engine-family options of `a` applied to backend defaults `bk`; an option of
+    another family's policy is an error, not ignored."""
+    from dataclasses import replace
+
+    from perfcast.serving.backends import Policy
+    from perfcast.serving.engines import CapacitySchedulerPolicy
+
+    policy = bk.scheduler.policy
+    for flag, value, wants in (
+            ("--schedule-conservativeness", a.schedule_conservativeness, Policy.PREFILL_FIRST),
+            ("--enable-mixed-chunk", a.enable_mixed_chunk, Policy.PREFILL_FIRST),
+            ("--capacity-scheduler-policy", a.capacity_scheduler_policy, Policy.INFLIGHT)):
+        if value is not None and policy is not wants:
+            raise ConfigError(f"applies to the {wants} policy, not {policy}", field=flag,
+                              expected=f"--policy {wants} (or a backend that uses it)")
+    bk = bk.with_scheduler(schedule_conservativeness=a.schedule_conservativeness,
+                           enable_mixed_chunk=a.enable_mixed_chunk)
+    if a.capacity_scheduler_policy is not None:
+        try:
+            cap = CapacitySchedulerPolicy(a.capacity_scheduler_policy.upper())
+        except ValueError:
+            raise ConfigError(f"unknown policy {a.capacity_scheduler_policy!r}",
+                              field="--capacity-scheduler-policy",
+                              expected=" | ".join(CapacitySchedulerPolicy)) from None
+        bk = replace(bk, kv_cache=replace(bk.kv_cache, admission=cap.admission))
+    return bk
 
 
 def client_settings(concurrency: int | None, request_rate: float | None,
@@ -443,3 +502,24 @@ def _print_table(metrics: dict, console: Console) -> None:
     for scheme, err in (metrics.get("calibration_held_out_error") or {}).items():
         console.print(f"  held-out error ({scheme}): TTFT MAPE {100 * err['ttft_mape']:.1f}%, "
                       f"TPOT MAPE {100 * err['tpot_mape']:.1f}% over {err['rows']} rows")
+
+
+def print_explain(doc: dict, console: Console) -> None:
+    """`--explain` tables: request phases, then the engines' busy time split."""
+    from perfcast.serving.explain import SPLIT, explain_lines
+
+    table = Table(title=f"where the time goes ({doc['requests']} requests, ms)")
+    for col in ("phase", "mean", "p50", "p90", "p99", "of TTFT", "of e2e"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for row in explain_lines(doc):
+        table.add_row(*row)
+    console.print(table)
+    split = Table(title="engine busy time by kind (ms)")
+    split.add_column("engines")
+    split.add_column("busy", justify="right")
+    for name in SPLIT:
+        split.add_column(name, justify="right")
+    for role, e in doc["iterations"].items():
+        split.add_row(role, f"{e['busy_ms']:.1f}", *(
+            f"{e[name + '_ms']:.1f} ({100 * e[name + '_share']:.0f}%)" for name in SPLIT))
+    console.print(split)

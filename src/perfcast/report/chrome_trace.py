@@ -1,8 +1,12 @@
-"""Chrome Trace Event JSON of a plan's Timeline (opens in Perfetto and chrome://tracing).
+"""Chrome Trace Event JSON (opens in Perfetto and chrome://tracing).
 
-One process per device (the representative device of each pipeline stage), one thread
-per stream (compute, comm.<tier>, p2p, ...), one complete event ("ph": "X") per task
-instance at its scheduled start and duration, so overlap between streams is visible.
+* a plan's Timeline: one process per device (the representative device of each
+  pipeline stage), one thread per stream (compute, comm.<tier>, p2p, ...), one complete
+  event ("ph": "X") per task instance at its scheduled start and duration, so overlap
+  between streams is visible;
+* a serving simulation's engine iterations: one process per engine, one slice per
+  iteration or run of identical decode iterations (perfcast.serving.engines.Iteration).
+
 Times are microseconds, as the format requires."""
 
 from __future__ import annotations
@@ -87,4 +91,32 @@ def write_chrome_trace(result: StepResult, path: str | Path) -> None:
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(doc), encoding="utf-8")
+    tmp.replace(p)
+
+
+def iteration_trace_events(engines) -> list[dict[str, Any]]:
+    """Engine iteration records (engines built with `record_trace=True`) as slices named
+    prefill | mixed | decode, with the batch and the busy-time split as arguments."""
+    events: list[dict[str, Any]] = []
+    for pid, engine in enumerate(engines):
+        events.append({"ph": "M", "name": "process_name", "pid": pid,
+                       "args": {"name": engine.name}})
+        for it in engine.stats.trace or []:
+            events.append({"ph": "X", "pid": pid, "tid": 0, "name": it.kind,
+                           "ts": it.start_s * 1e6, "dur": it.duration_s * 1e6,
+                           "args": {"iterations": it.steps,
+                                    "decode_requests": it.decode_requests,
+                                    "prefill_chunks": list(it.prefill_chunks),
+                                    "compute_us": it.compute_s * 1e6,
+                                    "communication_us": it.communication_s * 1e6,
+                                    "launch_us": it.launch_s * 1e6,
+                                    "host_us": it.host_s * 1e6}})
+    return events
+
+
+def write_iteration_trace(engines, path: str | Path) -> None:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"traceEvents": iteration_trace_events(engines)}),
+                   encoding="utf-8")
     tmp.replace(p)

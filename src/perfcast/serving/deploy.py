@@ -60,6 +60,7 @@ class ServeConfig:
     seed: int = 0
     interpolate: bool = True
     record_trace: bool = False
+    explain: bool = False                  # record per-request phases (serve --explain)
 
 
 class StepModelCache:
@@ -199,7 +200,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         if sched.client_in_flight:  # the client's connections spread over the replicas
             sched = replace(sched, client_in_flight=-(-sched.client_in_flight // pool.workers))
         return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
-                       role=role, record_trace=cfg.record_trace)
+                       role=role, record_trace=cfg.record_trace, explain=cfg.explain)
                 for i in range(pool.workers)], step
 
     if cfg.mode == "agg":

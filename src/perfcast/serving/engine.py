@@ -1,20 +1,12 @@
 """One serving engine (an agg replica, a prefill worker or a decode worker).
 
-The engine runs iterations. Each iteration the scheduler policy (see docs/serving.md)
-picks decode tokens and prefill chunks under the token budget, the running-request
-limit and the KV capacity; the step cost model prices it; then tokens are emitted at
-the end of the iteration. All decoding requests advance together, so runs of
-decode-only iterations between two events (a request finishing, an arrival, the KV
-cache filling up) are priced in one vectorised call instead of step by step.
-
-Policies
-* decode_first (vLLM V1): decodes first, then running chunked prefills, then new
-  requests, FIFO, until the token budget is spent; chunks are cut to fit.
-* inflight (TRT-LLM): the same iteration mixes generation and context requests; a
-  context request joins only when its whole prompt fits the remaining budget unless
-  chunked prefill is on.
-* prefill_first (SGLang): when a request can be admitted, the iteration is a prefill
-  batch (no decodes); otherwise a decode batch of every running request.
+The engine runs iterations. Each iteration its policy (perfcast.serving.engines: one
+module per engine family, see docs/serving.md) picks decode tokens and prefill chunks
+under the token budget, the running-request limit and the KV capacity; the step cost
+model prices it; then tokens are emitted at the end of the iteration. All decoding
+requests advance together, so runs of decode-only iterations between two events (a
+request finishing, an arrival, the KV cache filling up) are priced in one vectorised
+call instead of step by step.
 
 KV cache: capacity in tokens; each request's last block is counted whole
 (`block_tokens - 1` slack). `reserve_full` admits a request only when its prompt and
@@ -32,11 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.serving.backends import KVCacheConfig, SchedulerConfig
+from perfcast.serving.backends import Admission, KVCacheConfig, SchedulerConfig
+from perfcast.serving.engines import POLICY_CLASSES
+from perfcast.serving.engines.base import Event, EventKind, Iteration, Role
+from perfcast.serving.explain import RequestPhases
 from perfcast.serving.requests import Request
 from perfcast.serving.step_cost import StepCostModel, StepShape
 
-ROLES = ("agg", "prefill", "decode")
+__all__ = ["Engine", "EngineStats", "Event", "EventKind", "Iteration", "Role"]
 
 
 @dataclass
@@ -48,34 +43,32 @@ class EngineStats:
     preemptions: int = 0
     itl_values: list = field(default_factory=list)
     itl_weights: list = field(default_factory=list)
-    trace: list | None = None
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: str          # finished | prefilled | rejected
-    request: Request
-    time_s: float
+    trace: list[Iteration] | None = None
+    # busy time split (recorded with explain or a trace): compute, communication,
+    # kernel launch, host
+    split_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
 
 class Engine:
     def __init__(self, name: str, cost: StepCostModel, scheduler: SchedulerConfig,
-                 kv: KVCacheConfig, kv_capacity_tokens: int, *, role: str = "agg",
-                 record_trace: bool = False) -> None:
-        if role not in ROLES:
-            raise ValueError(f"unknown engine role {role!r}")
+                 kv: KVCacheConfig, kv_capacity_tokens: int, *, role: Role | str = Role.AGG,
+                 record_trace: bool = False, explain: bool = False) -> None:
+        try:
+            self.role = Role(role)
+        except ValueError:
+            raise ValueError(f"unknown engine role {role!r}") from None
         self.name = name
         self.cost = cost
         self.sched = scheduler
         self.kv = kv
         self.capacity = int(kv_capacity_tokens)
-        self.role = role
         self.clock = 0.0
         self.max_running = scheduler.max_running_requests
         if scheduler.client_in_flight:
             self.max_running = min(self.max_running, scheduler.client_in_flight)
         if scheduler.mix_decode_and_prefill:
             self.max_running = min(self.max_running, scheduler.token_budget)
+        self.incremental = kv.admission is Admission.INCREMENTAL
         self.pending: list = []          # heap (arrival_s, seq, request)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
@@ -90,28 +83,44 @@ class Engine:
         self.newcomers: list[Request] = []
         self._seq = 0
         self.stats = EngineStats(trace=[] if record_trace else None)
+        # per-request phase records (explain); shared by the engines of one simulation
+        self.phases: dict[int, RequestPhases] | None = {} if explain else None
+        self.decode_clock = 0.0          # summed duration of iterations that decoded
+        self._split = record_trace or explain
+        self.policy = POLICY_CLASSES[scheduler.policy](self)
+        self._records = record_trace or self.policy.wants_iterations
 
     # -- arrivals --------------------------------------------------------------------------
-    def _need_tokens(self, r: Request) -> int:
+    def need_tokens(self, r: Request) -> int:
+        """KV tokens reserved when `r` is admitted."""
         slack = self.kv.block_tokens - 1
-        if self.kv.admission == "reserve_full" or self.role == "prefill":
-            extra = 0 if self.role == "prefill" else r.output_tokens - r.generated
+        if not self.incremental or self.role is Role.PREFILL:
+            extra = 0 if self.role is Role.PREFILL else r.output_tokens - r.generated
             return r.prefill_target + extra + slack
         return r.prefill_target + slack
 
+    def generated_of(self, r: Request) -> int:
+        """Tokens `r` has generated so far (decoding requests advance lazily)."""
+        if r.active and r.prefilled >= r.prefill_target:
+            return r.generated + (self.counter - r.join_counter)
+        return r.generated
+
     def submit(self, r: Request, time_s: float) -> Event | None:
         """Queue a request arriving at `time_s`; a request that can never run is rejected."""
-        whole = r.prefill_target + (0 if self.role == "prefill" else r.output_tokens) \
+        whole = r.prefill_target + (0 if self.role is Role.PREFILL else r.output_tokens) \
             + self.kv.block_tokens - 1
         if whole > self.capacity:
             r.reject_reason = (f"needs {whole} KV tokens, engine {self.name} holds "
                                f"{self.capacity}")
-            return Event("rejected", r, time_s)
-        if (not self.sched.chunked_prefill and self.role != "decode"
+            return Event(EventKind.REJECTED, r, time_s)
+        if (not self.sched.chunked_prefill and self.role is not Role.DECODE
                 and r.prefill_target > self.sched.token_budget):
             r.reject_reason = (f"prompt of {r.prefill_target} tokens exceeds the token budget "
                                f"{self.sched.token_budget} without chunked prefill")
-            return Event("rejected", r, time_s)
+            return Event(EventKind.REJECTED, r, time_s)
+        if self.phases is not None and self.role is not Role.DECODE:
+            ph = self.phases[r.rid] = RequestPhases()
+            ph.seen_s = time_s
         self._seq += 1
         heapq.heappush(self.pending, (time_s, self._seq, r))
         return None
@@ -128,8 +137,8 @@ class Engine:
             self.waiting.append(heapq.heappop(self.pending)[2])
 
     # -- KV accounting -----------------------------------------------------------------------
-    def _admit(self, r: Request) -> None:
-        r.kv_base = self._need_tokens(r)
+    def admit(self, r: Request) -> None:
+        r.kv_base = self.need_tokens(r)
         self.kv_used += r.kv_base
         self.running[r.rid] = r
         r.active = True
@@ -137,12 +146,12 @@ class Engine:
     def _release(self, r: Request, growth: int = 0) -> None:
         """Free a request's KV: its admission reservation plus, under incremental
         admission, the `growth` tokens its decode iterations added."""
-        alloc = r.kv_base + (growth if self.kv.admission == "incremental" else 0)
+        alloc = r.kv_base + (growth if self.incremental else 0)
         self.kv_used -= alloc
         self.running.pop(r.rid, None)
         r.active = False
 
-    def _join_decode(self, r: Request) -> None:
+    def join_decode(self, r: Request) -> None:
         r.join_counter = self.counter
         self._seq += 1
         r.seq = self._seq
@@ -152,61 +161,22 @@ class Engine:
         self.n_measured_decoding += r.measured
         self.sum_ctx += r.prefill_target
         self.newcomers.append(r)
+        if self.phases is not None:
+            self.phases[r.rid].decode_join = self.decode_clock
 
     def _leave_decode(self, r: Request) -> None:
         self.n_decoding -= 1
         self.n_measured_decoding -= r.measured
         self.sum_ctx -= r.prefill_target + (self.counter - r.join_counter)
+        if self.phases is not None:
+            ph = self.phases[r.rid]
+            ph.decode_s += self.decode_clock - ph.decode_join
 
     # -- scheduling ----------------------------------------------------------------------------
-    def _can_admit(self, r: Request) -> bool:
-        return (len(self.running) < self.max_running
-                and self.kv_used + self._need_tokens(r) <= self.capacity)
-
-    def _plan_prefill(self, budget: int) -> list[tuple[Request, int]]:
-        chunks: list[tuple[Request, int]] = []
-        chunked = self.sched.chunked_prefill
-        for r in self.prefilling:
-            if budget <= 0:
-                break
-            q = min(r.prefill_target - r.prefilled, budget)
-            chunks.append((r, q))
-            budget -= q
-        while self.waiting and budget > 0:
-            r = self.waiting[0]
-            if r.prefilled >= r.prefill_target:   # decode-role arrival: no prefill
-                if not self._can_admit(r):
-                    break
-                self.waiting.popleft()
-                self._admit(r)
-                self._join_decode(r)
-                continue
-            need = r.prefill_target - r.prefilled
-            if not chunked and need > budget:
-                break
-            if not self._can_admit(r):
-                break
-            self.waiting.popleft()
-            self._admit(r)
-            self.prefilling.append(r)
-            q = min(need, budget)
-            chunks.append((r, q))
-            budget -= q
-        return chunks
-
-    def _plan(self) -> tuple[list[tuple[Request, int]], bool]:
-        """(prefill chunks, whether decoding requests run this iteration)."""
-        if self.sched.policy == "prefill_first":
-            chunks = self._plan_prefill(self.sched.token_budget)
-            if chunks:
-                return chunks, False
-            return [], self.n_decoding > 0
-        budget = self.sched.token_budget - self.n_decoding
-        return self._plan_prefill(budget), self.n_decoding > 0
-
     def _preempt_for_growth(self) -> None:
         """Incremental KV: make room for one more token per decoding request by sending
         the newest running requests back to the queue (recompute)."""
+        preempted = False
         while self.n_decoding and self.kv_used + self.n_decoding > self.capacity:
             victim = next(reversed(self.running.values()))
             growth = 0
@@ -225,6 +195,9 @@ class Engine:
             victim.preemptions += 1
             self.stats.preemptions += 1
             self.waiting.appendleft(victim)
+            preempted = True
+        if preempted:
+            self.policy.on_preempt()
 
     # -- one macro step ---------------------------------------------------------------------------
     def advance(self, horizon_s: float = float("inf")) -> list[Event]:
@@ -233,18 +206,19 @@ class Engine:
         if not (self.waiting or self.prefilling or self.n_decoding):
             if not self.pending:
                 return []
+            self.policy.on_idle()
             self.clock = max(self.clock, self.pending[0][0])
         self._take_arrivals()
         events: list[Event] = []
-        if self.kv.admission == "incremental" and self.n_decoding:
+        if self.incremental and self.n_decoding:
             self._preempt_for_growth()
-        chunks, decode = self._plan()
+        chunks, decode = self.policy.plan()
         if not chunks and not decode:
             if not self.running and self.waiting:
                 # nothing holds resources, yet the head cannot start: it never will
                 r = self.waiting.popleft()
                 r.reject_reason = f"cannot be scheduled on engine {self.name} even when idle"
-                return events + [Event("rejected", r, self.clock)]
+                return events + [Event(EventKind.REJECTED, r, self.clock)]
             if self.pending:
                 self.clock = max(self.clock, self.pending[0][0])
             return events
@@ -264,8 +238,14 @@ class Engine:
         self._account(start, dt, shape)
         events: list[Event] = []
         if decode:
-            events += self._decode_tokens(end, steps=1, durations=None)
+            events += self._decode_tokens(end, steps=1, durations=None, total=dt)
+        phases = self.phases
         for r, q in chunks:
+            if phases is not None and r.first_token_s is None:
+                ph = phases[r.rid]
+                if ph.first_chunk_start_s is None:
+                    ph.first_chunk_start_s = start
+                ph.prefill_s += dt
             r.prefilled += q
             if r.prefilled < r.prefill_target:
                 continue
@@ -274,22 +254,22 @@ class Engine:
             r.last_token_s = end
             if r.first_token_s is None:
                 r.first_token_s = end
-            if self.role == "prefill":
+            if self.role is Role.PREFILL:
                 self._release(r)
-                events.append(Event("prefilled", r, end))
+                events.append(Event(EventKind.PREFILLED, r, end))
             elif r.generated >= r.output_tokens:
                 self._release(r)
                 r.finish_s = end
-                events.append(Event("finished", r, end))
+                events.append(Event(EventKind.FINISHED, r, end))
             else:
-                self._join_decode(r)
+                self.join_decode(r)
         self.clock = end
         return events
 
     def _decode_run(self, horizon_s: float) -> list[Event]:
         n = self.n_decoding
         k = self.decoding[0][0] - self.counter
-        if self.kv.admission == "incremental":
+        if self.incremental:
             k = min(k, int((self.capacity - self.kv_used) // n))
         k = max(k, 1)
         durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
@@ -305,11 +285,11 @@ class Engine:
         self._account(start, total, StepShape(n, self.sum_ctx / n), steps=k,
                       kv_growth=n * (k - 1) / 2)
         end = start + total
-        events = self._decode_tokens(end, steps=k, durations=durations)
+        events = self._decode_tokens(end, steps=k, durations=durations, total=total)
         self.clock = end
         return events
 
-    def _decode_tokens(self, end: float, steps: int, durations) -> list[Event]:
+    def _decode_tokens(self, end: float, steps: int, durations, total: float) -> list[Event]:
         """Every decoding request emits `steps` tokens; the last ends at `end`."""
         n = self.n_decoding
         first_end = end if durations is None else end - float(durations[1:].sum())
@@ -332,7 +312,8 @@ class Engine:
         self.newcomers = []
         self.counter += steps
         self.sum_ctx += n * steps
-        if self.kv.admission == "incremental":
+        self.decode_clock += total
+        if self.incremental:
             self.kv_used += n * steps
         self.last_decode_end = end
         events: list[Event] = []
@@ -343,7 +324,7 @@ class Engine:
             self._leave_decode(r)
             self._release(r, self.counter - r.join_counter)
             r.finish_s = end
-            events.append(Event("finished", r, end))
+            events.append(Event(EventKind.FINISHED, r, end))
         return events
 
     def _account(self, start: float, dt: float, shape: StepShape, steps: int = 1,
@@ -354,6 +335,17 @@ class Engine:
         used = self.kv_used + kv_growth
         st.kv_token_seconds += used * dt
         st.kv_peak_tokens = max(st.kv_peak_tokens, self.kv_used + (2 * kv_growth))
+        split = (0.0, 0.0, 0.0, 0.0)
+        if self._split:
+            fn = getattr(self.cost, "iteration_split", None)
+            split = fn(shape, dt, steps) if fn is not None else (dt, 0.0, 0.0, 0.0)
+            acc = st.split_s
+            for i in range(4):
+                acc[i] += split[i]
+        if not self._records:
+            return
+        record = Iteration(start, dt, steps, shape.decode_requests,
+                           tuple(q for q, _ in shape.prefill), *split)
         if st.trace is not None:
-            st.trace.append((start, dt, steps, shape.decode_requests,
-                             tuple(q for q, _ in shape.prefill)))
+            st.trace.append(record)
+        self.policy.on_iteration(record)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perfcast.serving.engine import Engine, Event
+from perfcast.serving.engine import Engine, Event, EventKind
+from perfcast.serving.explain import RequestPhases
 from perfcast.serving.metrics import ServingMetrics, compute_metrics
 from perfcast.serving.requests import Client, Request
 
@@ -27,6 +28,8 @@ class SimulationResult:
     finished: list[Request]
     rejected: list[Request]
     engines: list[Engine]
+    # per-request phase records (engines built with explain=True), by request id
+    phases: dict[int, RequestPhases] | None = None
 
 
 class _Router:
@@ -79,6 +82,11 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     finished: list[Request] = []
     rejected: list[Request] = []
     frontend_free_s = {id(e): 0.0 for e in engines}   # one server process per front engine
+    phases = None
+    if any(e.phases is not None for e in everything):
+        phases = {}
+        for e in everything:   # one record per request across prefill and decode engines
+            e.phases = phases
 
     def issue(reqs: list[Request]) -> None:
         for r in reqs:
@@ -96,7 +104,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
 
     def handle(ev: Event, engine: Engine) -> None:
         r = ev.request
-        if ev.kind == "prefilled":
+        if ev.kind is EventKind.PREFILLED:
             front.done(engine)
             d = back.pick()
             if kv_transfer is not None:
@@ -105,6 +113,9 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
                 xfer = transfer_s(r) if transfer_s else 0.0
             r.transfer_s = xfer
             arrive = ev.time_s + xfer
+            if phases is not None:
+                ph = phases[r.rid]
+                ph.prefill_end_s, ph.engine_first_s = ev.time_s, arrive
             r.first_token_s = arrive
             r.last_token_s = arrive
             owner[r.rid] = d
@@ -113,9 +124,11 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
                 handle(rej, d)
             return
         (back if (disagg and engine in decode_engines) else front).done(engine)
-        if ev.kind == "rejected":
+        if ev.kind is EventKind.REJECTED:
             rejected.append(r)
         else:
+            if phases is not None and phases[r.rid].engine_first_s is None:
+                phases[r.rid].prefill_end_s = phases[r.rid].engine_first_s = r.first_token_s
             if first_chunk_s and r.output_tokens > 1 and r.first_token_s is not None:
                 r.first_token_s = min(r.first_token_s + first_chunk_s, r.finish_s)
             finished.append(r)
@@ -134,4 +147,4 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     else:  # pragma: no cover - safety net
         raise RuntimeError("simulation did not finish within max_iterations")
     metrics = compute_metrics(finished, rejected, everything, num_gpus)
-    return SimulationResult(metrics, finished, rejected, everything)
+    return SimulationResult(metrics, finished, rejected, everything, phases)

@@ -58,19 +58,23 @@ _NODES0 = [0, *_NODES]
 
 @dataclass(frozen=True)
 class Part:
-    """Kernel time and kernel count of one additive term of a step."""
+    """Kernel time, kernel count and the communication share of the kernel time (the
+    collective tasks) of one additive term of a step."""
 
     kernel_s: float
     kernels: float
+    comm_s: float = 0.0
 
     def __add__(self, other: Part) -> Part:
-        return Part(self.kernel_s + other.kernel_s, self.kernels + other.kernels)
+        return Part(self.kernel_s + other.kernel_s, self.kernels + other.kernels,
+                    self.comm_s + other.comm_s)
 
     def __sub__(self, other: Part) -> Part:
-        return Part(self.kernel_s - other.kernel_s, self.kernels - other.kernels)
+        return Part(self.kernel_s - other.kernel_s, self.kernels - other.kernels,
+                    self.comm_s - other.comm_s)
 
     def scaled(self, w: float) -> Part:
-        return Part(self.kernel_s * w, self.kernels * w)
+        return Part(self.kernel_s * w, self.kernels * w, self.comm_s * w)
 
 
 ZERO = Part(0.0, 0.0)
@@ -128,7 +132,7 @@ class StepCostModel:
         if hit is not None:
             return hit
         graph = build_task_graph(self.model, self.plan, batch, self.precision)
-        latency = n = 0.0
+        latency = n = comm = 0.0
         for task in graph.tasks:
             if task.kind is TaskKind.VIEW or ("kv_len" in task.work.axes) != context_tasks:
                 continue
@@ -138,10 +142,12 @@ class StepCostModel:
                 continue
             latency += est.latency_s * task.count
             n += task.count
+            if task.kind is TaskKind.COMMUNICATION:
+                comm += est.latency_s * task.count
         if self._memory is None:
             self._memory = graph.memory
         self.graphs_built += 1
-        out = Part(latency, n)
+        out = Part(latency, n, comm)
         self._graphs[key] = out
         return out
 
@@ -282,6 +288,24 @@ class StepCostModel:
         ov = self.overheads
         host = ov.step_overhead_s + ov.per_request_overhead_s * sequences
         return np.maximum(gpu_s, host) if ov.host_overlapped else gpu_s + host
+
+    def iteration_split(self, shape: StepShape, total_s: float,
+                        steps: int = 1) -> tuple[float, float, float, float]:
+        """(compute, communication, kernel launch, host) seconds of `steps` iterations
+        of `shape` that took `total_s` together; they add up to `total_s`. Host time
+        counts whole without an overlap scheduler and only its excess over the GPU time
+        with one. For a decode run (`steps` > 1) the per-step parts are those of its
+        first step (communication, launch and host time do not depend on the context);
+        compute is the remainder."""
+        part, padded = self.kernel_parts(shape)
+        ov = self.overheads
+        launch = part.kernels * (ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s)
+        host = ov.step_overhead_s + ov.per_request_overhead_s * shape.sequences
+        if ov.host_overlapped:
+            host = max(0.0, host - (part.kernel_s + launch))
+        comm_t, launch_t, host_t = part.comm_s * steps, launch * steps, host * steps
+        compute = max(0.0, total_s - comm_t - launch_t - host_t)
+        return compute, comm_t, launch_t, total_s - compute - comm_t - launch_t
 
     def decode_run_s(self, requests: int, context0: float, steps: int) -> np.ndarray:
         """Latencies of `steps` consecutive decode-only iterations of `requests` requests

@@ -164,6 +164,28 @@ def pareto_figure(doc: dict) -> dict:
                        "margin": {"l": 70, "r": 20, "t": 50, "b": 50}}}
 
 
+def explain_figure(doc: dict) -> dict:
+    """Mean time per phase of a `serve --explain` record as two stacked bars: TTFT and
+    end-to-end latency (a phase shows in the bars it is part of)."""
+    from perfcast.serving.explain import E2E_PHASES, TTFT_PHASES
+
+    bars = (("TTFT", TTFT_PHASES), ("e2e", E2E_PHASES))
+    data = []
+    for name, stats in doc["phases"].items():
+        xs = [stats["mean"] if name in phases else 0.0 for _, phases in bars]
+        if all(abs(x) < 1e-9 for x in xs):   # absent (float remainders of ~1e-17 ms)
+            continue
+        data.append({"type": "bar", "orientation": "h", "name": name, "x": xs,
+                     "y": [label for label, _ in bars],
+                     "hovertemplate": f"{name}: %{{x:.2f}} ms<extra></extra>"})
+    return {"data": data,
+            "layout": {"title": {"text": f"where the time goes (mean of {doc['requests']} "
+                                         "requests, ms)"},
+                       "barmode": "stack", "height": 260,
+                       "xaxis": {"title": {"text": "ms"}},
+                       "margin": {"l": 60, "r": 20, "t": 50, "b": 40}}}
+
+
 LAYOUT = re.compile(r"(\d+)xtp(\d+)(?:dp(\d+))?(?:ep(\d+))?")
 
 

@@ -1,6 +1,7 @@
 """Serve and search: simulate one deployment (`perfcast serve`), or search layouts and
 concurrency under SLOs (`perfcast search`, a background job) and explore the Pareto
-frontier; clicking a configuration simulates it with `serve` and shows that record."""
+frontier; clicking a configuration simulates it with `serve --explain` and shows that
+record and where its time goes."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def metrics_view(metrics: dict, testid: str) -> None:
     ui.label("numbers from").classes("text-bold")
     for line in provenance_lines(metrics["provenance"]):
         ui.label(line).classes("text-caption").style("font-family: monospace")
+
+
+def explain_view(doc: dict, testid: str) -> None:
+    """`serve --explain`: phases (table and stacked bars) and the busy-time split."""
+    from nicegui import ui
+
+    from perfcast.serving.explain import SPLIT, explain_lines
+
+    cols = ("phase", "mean", "p50", "p90", "p99", "of TTFT", "of e2e")
+    ui.table(columns=[{"name": k, "label": k, "field": k, "align": "left"} for k in cols],
+             rows=[dict(zip(cols, row)) for row in explain_lines(doc)], row_key="phase",
+             title="where the time goes (ms)").props(f'data-testid="{testid}"')
+    ui.plotly(figures.explain_figure(doc)).classes("full-width")
+    for role, e in doc["iterations"].items():
+        ui.label(f"{role} engines busy {e['busy_ms']:.1f} ms: " + ", ".join(
+            f"{name} {100 * e[name + '_share']:.0f}%" for name in SPLIT)).classes("text-body2")
 
 
 def register(wb, jobs) -> None:
@@ -126,7 +143,8 @@ def register(wb, jobs) -> None:
                 plot = ui.plotly(figures.pareto_figure(doc)).classes("full-width") \
                     .props('data-testid="pareto"')
                 plot.on("plotly_click", point_clicked)
-                ui.label("click a point: its configuration and its `serve` record").classes(
+                ui.label("click a point: its configuration, its `serve` record and where "
+                         "its time goes").classes(
                     "text-sm text-gray-600")
                 top = doc["top"] or doc["nearest_misses"]
                 ui.table(columns=[{"name": k, "label": k, "field": k, "sortable": True,
@@ -155,7 +173,7 @@ def register(wb, jobs) -> None:
                 with box:
                     ui.spinner()
             try:
-                a = ServeArgs(**figures.serve_args_for(state["doc"], row))
+                a = ServeArgs(**figures.serve_args_for(state["doc"], row), explain=True)
                 metrics, _ = await run.io_bound(run_serve, a)
             except Exception as exc:  # noqa: BLE001
                 show_error(box, exc)
@@ -163,10 +181,12 @@ def register(wb, jobs) -> None:
             box.clear()
             with box:
                 ui.label("perfcast serve " + " ".join(
-                    f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
+                    f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                    for k, v in vars(a).items()
                     if v not in (None, "") and v != getattr(ServeArgs, k, None)
                     and k != "model") + f" {a.model}").classes("text-caption").style("font-family: monospace")
                 metrics_view(metrics, "point-serve")
+                explain_view(metrics["explain"], "point-explain")
 
         def poll() -> None:
             j = jobs.get(state["job"]) if state["job"] else None
