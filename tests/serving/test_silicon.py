@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
-from perfcast.evidence.deployment import nearest_version, version_key
+from perfcast.evidence.versions import nearest_version, version_key
 from perfcast.serving.silicon import closed_loop_in_decode, ttft_in_completion_gaps
 from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config,
                                       summarize, validate_rows)

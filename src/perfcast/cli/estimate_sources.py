@@ -241,7 +241,8 @@ def _engine_kernels(layer: EvidenceLayer, context, system):
 
     from perfcast.core.frozen import FrozenDict
     from perfcast.evidence.database import PerformanceDatabase
-    from perfcast.evidence.deployment import held_kernels, implementations, nearest_version
+    from perfcast.evidence.deployment import held_kernels, implementations
+    from perfcast.evidence.versions import nearest_version
     from perfcast.evidence.engine_kernels import EngineKernelView
     from perfcast.evidence.kernel_dispatch import dispatch_rules
     from perfcast.evidence.measured_view import MeasuredView

@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from perfcast.evidence.columns import CORE_COLUMNS, SEL_PREFIX, dictionary_codes
+
 Core = tuple[str, str, str, str]
 
 
@@ -58,8 +60,6 @@ def _key_kind(column: str) -> tuple[str, str]:
 
 
 def build_catalog(table: pa.Table) -> Catalog:
-    from perfcast.evidence.database import CORE_COLUMNS, SEL_PREFIX, dictionary_codes
-
     n = table.num_rows
     sel = [c for c in table.column_names if c.startswith(SEL_PREFIX)]
     str_values = {c: frozenset(pc.unique(table.column(c)).drop_null().to_pylist())

@@ -9,10 +9,11 @@ raises `InvalidEvidenceError`/`AmbiguousEvidenceError`, which no fallback may hi
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from perfcast.core.canonical import Record
+from perfcast.core.canonical import Record, content_digest
 from perfcast.core.frozen import FrozenDict
 
 DimValue = int | float | str | bool
@@ -194,3 +195,18 @@ class Resolution(Record):
     def query_digest(self) -> str:
         """Digest of the query answered (computed on demand: it costs a canonical encoding)."""
         return self.query.digest if self.query is not None else ""
+
+
+def provider_digest(provider: CostProvider) -> str:
+    """A digest of what a provider answers: its `digest` where it has one (a wrapper whose
+    answers depend on more than the wrapped provider's revision), else its name and
+    revision (a content digest of its data and settings)."""
+    own = getattr(provider, "digest", None)
+    if own:
+        return own
+    return content_digest("perfcast.CostProvider", [provider.name, provider.revision])
+
+
+def providers_digest(providers: Sequence[CostProvider]) -> str:
+    """The digest of an ordered provider chain (cache keys of costed terms)."""
+    return content_digest("perfcast.ProviderChain", [provider_digest(p) for p in providers])

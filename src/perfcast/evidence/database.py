@@ -38,6 +38,15 @@ from perfcast.core.errors import ConfigError, InvalidEvidenceError
 from perfcast.core.frozen import FrozenDict
 from perfcast.evidence.contracts import CostSubject, EstimateMethod
 from perfcast.evidence.catalog import Catalog, build_catalog
+from perfcast.evidence.columns import (
+    CORE_COLUMNS,
+    SEL_ARROW,
+    SEL_PREFIX,
+    STRING_COLUMNS,
+    dictionary_codes,
+    parse_selector_column,
+    selector_column,
+)
 from perfcast.evidence.records import (
     CONTEXT_KEYS,
     SELECTOR_TYPES,
@@ -52,13 +61,6 @@ MANIFEST = "manifest.json"
 PARQUET_FILE = "records.parquet"
 JSON_FILE = "records.json"
 
-CORE_COLUMNS = ("subject", "operation", "hardware", "dtype")
-PROVENANCE_COLUMNS = ("source", "source_revision", "importer", "importer_revision",
-                      "source_digest", "method")
-STRING_COLUMNS = ("record_id", *CORE_COLUMNS, *PROVENANCE_COLUMNS, "metadata")
-SEL_PREFIX = "sel."
-SEL_ARROW: dict[str, pa.DataType] = {"bool": pa.bool_(), "int": pa.int64(),
-                                     "float": pa.float64(), "str": pa.string()}
 _SUBJECTS = {s.value for s in CostSubject}
 _METHODS = {m.value for m in EstimateMethod}
 _DTYPES = {d.value for d in DType} | {""}
@@ -81,16 +83,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 22), b""):
             h.update(block)
     return "sha256:" + h.hexdigest()
-
-
-def selector_column(key: str, kind: str) -> str:
-    return f"{SEL_PREFIX}{kind}.{key}"
-
-
-def parse_selector_column(name: str) -> tuple[str, str]:
-    """'sel.int.m' -> ('m', 'int')."""
-    _, kind, key = name.split(".", 2)
-    return key, kind
 
 
 class PerformanceDatabase:
@@ -412,18 +404,6 @@ def _normalise(table: pa.Table) -> pa.Table:
 # dictionary (first-appearance order) and codes. The rule is fixed per column name, so
 # the digest depends on content only.
 _UNIQUE_STRING_COLUMNS = frozenset({"record_id"})
-
-
-def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list]:
-    """(int64 code per row, -1 for null; the distinct values), without concatenating
-    the chunks (copying a million strings costs more than encoding them)."""
-    chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
-    if chunked.num_chunks == 0 or len(chunked) == 0:
-        return np.zeros(0, dtype=np.int64), []
-    enc = chunked.dictionary_encode().unify_dictionaries()
-    codes = np.concatenate([np.asarray(c.indices.fill_null(-1).to_numpy(), dtype=np.int64)
-                            for c in enc.chunks])
-    return codes, enc.chunks[0].dictionary.to_pylist()
 
 
 def _string_bytes(col: pa.ChunkedArray, h) -> None:

@@ -64,7 +64,7 @@ class EngineKernelView:
         rule set that covers it, the family versions, the held kernels, the model type."""
         if not self._digest:
             from perfcast.core.canonical import content_digest
-            from perfcast.evidence.factory import provider_digest
+            from perfcast.evidence.contracts import provider_digest
 
             rules = self.dispatch.rule_set(self.engine_version) if self.dispatch else None
             self._digest = content_digest("perfcast.EngineKernelView", [

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from perfcast.core.canonical import content_digest
 from perfcast.evidence.collectives import CollectiveCostProvider
-from perfcast.evidence.contracts import CostProvider
+from perfcast.evidence.contracts import CostProvider, provider_digest, providers_digest
 from perfcast.evidence.resolver import CostResolver
 from perfcast.evidence.roofline import RooflineCostProvider
 from perfcast.hardware import System
+
+__all__ = ["analytic_providers", "build_resolver", "measured_providers", "provider_digest",
+           "providers_digest"]
 
 
 def analytic_providers(system: System, *, roofline_mode: str = "roofline",
@@ -38,21 +40,6 @@ def build_resolver(system: System, evidence: Sequence[CostProvider] = (), *,
     analytic models."""
     return CostResolver([*evidence, *analytic_providers(
         system, roofline_mode=roofline_mode, launch_in_kernel_times=launch_in_kernel_times)])
-
-
-def provider_digest(provider: CostProvider) -> str:
-    """A digest of what a provider answers: its `digest` where it has one (a wrapper whose
-    answers depend on more than the wrapped provider's revision), else its name and
-    revision (a content digest of its data and settings)."""
-    own = getattr(provider, "digest", None)
-    if own:
-        return own
-    return content_digest("perfcast.CostProvider", [provider.name, provider.revision])
-
-
-def providers_digest(providers: Sequence[CostProvider]) -> str:
-    """The digest of an ordered provider chain (cache keys of costed terms)."""
-    return content_digest("perfcast.ProviderChain", [provider_digest(p) for p in providers])
 
 
 def measured_providers(databases: Sequence, system: System, policy: str = "interpolate", *,

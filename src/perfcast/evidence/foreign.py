@@ -27,7 +27,7 @@ class ForeignEvidence:
 
     @property
     def digest(self) -> str:
-        from perfcast.evidence.factory import provider_digest
+        from perfcast.evidence.contracts import provider_digest
 
         return f"{provider_digest(self.inner)}+foreign:{self.measured_on}>{self.used_for}"
 

@@ -84,7 +84,7 @@ class RuleSet:
     formats: dict             # operation -> weight format -> checkpoint formats text
 
     def covers(self, version: str) -> bool:
-        from perfcast.evidence.deployment import version_key
+        from perfcast.evidence.versions import version_key
 
         if not version:
             return False

@@ -89,7 +89,7 @@ class MeasuredView:
     @property
     def digest(self) -> str:
         from perfcast.core.canonical import content_digest
-        from perfcast.evidence.factory import provider_digest
+        from perfcast.evidence.contracts import provider_digest
 
         cached = self.__dict__.get("_digest")
         if cached is None:

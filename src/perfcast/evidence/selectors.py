@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from perfcast.evidence.contracts import CostQuery, DimValue
-from perfcast.evidence.database import (
+from perfcast.evidence.columns import (
     CORE_COLUMNS,
     PROVENANCE_COLUMNS,
-    PerformanceDatabase,
     dictionary_codes,
     parse_selector_column,
 )
+from perfcast.evidence.database import PerformanceDatabase
 from perfcast.evidence.records import CONTEXT_KEYS
 
 _MASK = (1 << 64) - 1
@@ -37,14 +37,14 @@ _FNV_OFFSET = 1469598103934665603
 _FNV_PRIME = 1099511628211
 
 
-_CONTEXT_FACTS: dict[tuple[int, str], tuple[object, dict[str, DimValue]]] = {}
+_CONTEXT_FACTS: dict[tuple[str, str, str], dict[str, DimValue]] = {}  # by context digest
 
 
 def _context_facts(ctx, operation: str, dtype: str = "") -> dict[str, DimValue]:
-    key = (id(ctx), operation, dtype)
+    key = (ctx.digest, operation, dtype)
     hit = _CONTEXT_FACTS.get(key)
-    if hit is not None and hit[0] is ctx:
-        return hit[1]
+    if hit is not None:
+        return hit
     facts: dict[str, DimValue] = {}
     for name in CONTEXT_KEYS:
         value = ctx.implementation_for(operation, dtype) if name == "implementation" \
@@ -53,7 +53,7 @@ def _context_facts(ctx, operation: str, dtype: str = "") -> dict[str, DimValue]:
             facts[name] = value
     if len(_CONTEXT_FACTS) > 4096:
         _CONTEXT_FACTS.clear()
-    _CONTEXT_FACTS[key] = (ctx, facts)
+    _CONTEXT_FACTS[key] = facts
     return facts
 
 

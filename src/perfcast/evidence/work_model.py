@@ -24,18 +24,19 @@ from perfcast.hardware.model import EngineKind, System
 _FALLBACK_RATE = ("bf16", "fp16", "fp32")
 
 
-_PEAKS: dict[tuple[int, str], tuple[System, float]] = {}
+_PEAKS: dict[tuple[str, str], float] = {}   # (system digest, dtype) -> ops/s
 
 
 def matrix_peak(system: System, dtype: str) -> float:
-    hit = _PEAKS.get((id(system), dtype))
-    if hit is not None and hit[0] is system:
-        return hit[1]
+    key0 = (system.digest, dtype)
+    hit = _PEAKS.get(key0)
+    if hit is not None:
+        return hit
     engine = system.device.engine(EngineKind.MATRIX)
     for key in (engine_dtype(dtype).value, *_FALLBACK_RATE):
         rate = engine.peak_ops_per_s.get(key)
         if rate:
-            _PEAKS[(id(system), dtype)] = (system, float(rate))
+            _PEAKS[key0] = float(rate)
             return float(rate)
     raise LookupError(f"{system.name} has no matrix rate for {dtype}")
 

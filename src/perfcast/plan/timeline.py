@@ -95,11 +95,6 @@ class Timeline:
     def bubble_fraction(self) -> float:
         return self.bubble_s / self.makespan_s if self.makespan_s > 0 else 0.0
 
-    @property
-    def overlap_saved_s(self) -> float:
-        """Plain sum minus makespan (negative when contention or waiting cost more)."""
-        return self.sum_of_tasks_s - self.makespan_s
-
     def busy_s(self, stage: int, stream: str | None = None) -> float:
         """Union length of the intervals on one device (or one of its streams)."""
         return union_length((t.start_s, t.end_s) for t in self.tasks

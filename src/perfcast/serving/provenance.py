@@ -47,7 +47,7 @@ class TallyingProvider:
     def digest(self) -> str:
         """The wrapped provider's digest and this tally's: costs cached for one tally's
         run are not reused by another, which would count nothing."""
-        from perfcast.evidence.factory import provider_digest
+        from perfcast.evidence.contracts import provider_digest
 
         return f"{provider_digest(self.inner)}+tally:{self._tally.token}"
 

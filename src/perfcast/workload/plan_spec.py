@@ -83,10 +83,6 @@ class ParallelPlan(Record):
             return "all_reduce"
         return "all_to_all" if self.moe_tp_size == 1 else "all_gather"
 
-    def requests_per_dp_rank(self, num_requests: int) -> int:
-        """Requests the most loaded attention-DP rank holds (ceil of an even split)."""
-        return -(-num_requests // self.dp)
-
     @property
     def devices_per_stage(self) -> int:
         return self.tp * self.dp

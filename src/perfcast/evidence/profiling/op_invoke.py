@@ -42,15 +42,6 @@ class OpInvokeInfo:
         return OpInvokeInfo(operator=query.operator, inputs=tuple(query.inputs),
                             outputs=tuple(query.outputs), dims=FrozenDict(dims))
 
-    @staticmethod
-    def from_task(task) -> OpInvokeInfo:
-        w = task.work
-        dims = dict(w.axes)
-        dims.setdefault("message_bytes", w.message_bytes)
-        dims.setdefault("participants", w.participants)
-        return OpInvokeInfo(operator=task.operator, inputs=task.inputs, outputs=task.outputs,
-                            dims=FrozenDict(dims))
-
 
 def normalize_operator(name: str) -> str:
     return name.removeprefix("torch.ops.")
