@@ -68,6 +68,16 @@ def serve_command(
     token_budget: Annotated[Optional[int], typer.Option("--token-budget")] = None,
     max_running_requests: Annotated[Optional[int], typer.Option("--max-running-requests")] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option("--chunked-prefill/--no-chunked-prefill")] = None,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="speculative decoding: mtp | eagle | eagle3 | ngram")] = None,
+    num_speculative_tokens: Annotated[int, typer.Option(
+        "--num-speculative-tokens", help="draft tokens K per verify step")] = 0,
+    acceptance: Annotated[Optional[str], typer.Option(
+        "--acceptance", help="mean accepted draft tokens per verify step (0..K), or K "
+        "comma-separated per-position acceptance rates")] = None,
+    draft_model: Annotated[Optional[Path], typer.Option(
+        "--draft-model", help="EAGLE head config.json (default: one Llama layer of the "
+        "target's width)")] = None,
     schedule_conservativeness: Annotated[Optional[float], typer.Option(
         "--schedule-conservativeness", help="prefill_first (SGLang): reserve running requests' "
         "future decode tokens when admitting (SGLang's default 1.0; 0 off)")] = None,
@@ -115,6 +125,8 @@ def serve_command(
             num_requests=num_requests, warmup_requests=warmup_requests, seed=seed,
             policy=policy, token_budget=token_budget,
             max_running_requests=max_running_requests, chunked_prefill=chunked_prefill,
+            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+            acceptance=acceptance, draft_model=str(draft_model) if draft_model else None,
             mode=mode, workers=workers, decode_workers=decode_workers,
             decode_tp_size=decode_tp_size, decode_dp_size=decode_dp_size,
             decode_ep_size=decode_ep_size,
@@ -168,6 +180,10 @@ class ServeArgs:
     token_budget: Optional[int] = None
     max_running_requests: Optional[int] = None
     chunked_prefill: Optional[bool] = None
+    speculative: Optional[str] = None
+    num_speculative_tokens: int = 0
+    acceptance: Optional[str] = None
+    draft_model: Optional[str] = None
     mode: str = "agg"
     workers: int = 1
     decode_workers: int = 1
@@ -225,6 +241,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                            a.decode_dp_size or a.dp_size, a.decode_ep_size or a.ep_size, 0, 0)
         decode_pool = Pool(dplan, a.decode_workers)
     arrivals = client.pop("arrival_times_s")
+    spec_cfg = speculative_config(a)
     cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=a.backend_version,
                       precision=precision, mode=a.mode, pool=Pool(plan, a.workers),
                       decode_pool=decode_pool,
@@ -238,7 +255,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                       trace_block_tokens=trace.block_tokens if trace else None,
                       prefix_cache_hit_rate=a.prefix_cache_hit_rate,
                       warmup_requests=a.warmup_requests, seed=a.seed, interpolate=not a.exact,
-                      record_trace=record_trace, explain=a.explain)
+                      record_trace=record_trace, explain=a.explain, speculative=spec_cfg)
     providers, context, evidence = (), None, None
     if evidence_root:
         from perfcast.serving.evidence import evidence_loader
@@ -275,7 +292,9 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                    "warmup_requests": a.warmup_requests, "seed": a.seed},
         "trace": trace.summary() if trace else None,
         "prefix_cache": prefix_cache_inputs(a.prefix_cache_hit_rate, trace, result),
-        "interpolate": not a.exact, "notes": list(spec.notes)}
+        "interpolate": not a.exact,
+        "speculative": speculative_json(spec_cfg),
+        "notes": list(spec.notes)}
     metrics["provenance"] = provenance_json(
         tally.rows(), tally.queries if wrapped else None,
         calibration=metrics["calibration"], evidence=evidence)
@@ -284,6 +303,67 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
 
         metrics["explain"] = explain_json(result.finished, result.phases, result.engines)
     return metrics, result
+
+
+def engine_options(bk, a: ServeArgs):
+    """The engine-family options of `a` applied to backend defaults `bk`; an option of
+    another family's policy is an error, not ignored."""
+    from dataclasses import replace
+
+    from perfcast.serving.backends import Policy
+    from perfcast.serving.engines import CapacitySchedulerPolicy
+
+    policy = bk.scheduler.policy
+    for flag, value, wants in (
+            ("--schedule-conservativeness", a.schedule_conservativeness, Policy.PREFILL_FIRST),
+            ("--enable-mixed-chunk", a.enable_mixed_chunk, Policy.PREFILL_FIRST),
+            ("--capacity-scheduler-policy", a.capacity_scheduler_policy, Policy.INFLIGHT)):
+        if value is not None and policy is not wants:
+            raise ConfigError(f"applies to the {wants} policy, not {policy}", field=flag,
+                              expected=f"--policy {wants} (or a backend that uses it)")
+    bk = bk.with_scheduler(schedule_conservativeness=a.schedule_conservativeness,
+                           enable_mixed_chunk=a.enable_mixed_chunk)
+    if a.capacity_scheduler_policy is not None:
+        try:
+            cap = CapacitySchedulerPolicy(a.capacity_scheduler_policy.upper())
+        except ValueError:
+            raise ConfigError(f"unknown policy {a.capacity_scheduler_policy!r}",
+                              field="--capacity-scheduler-policy",
+                              expected=" | ".join(CapacitySchedulerPolicy)) from None
+        bk = replace(bk, kv_cache=replace(bk.kv_cache, admission=cap.admission))
+    return bk
+
+
+def speculative_config(a: ServeArgs):
+    """The SpeculativeConfig of `--speculative`, `--num-speculative-tokens` and
+    `--acceptance` (None without `--speculative`; the other two then are errors)."""
+    from perfcast.serving.speculative import SpeculativeConfig, parse_acceptance
+
+    if a.speculative is None:
+        given = [flag for flag, value in (("--num-speculative-tokens", a.num_speculative_tokens),
+                                          ("--acceptance", a.acceptance),
+                                          ("--draft-model", a.draft_model)) if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)} without --speculative", field=given[0],
+                              expected="--speculative mtp | eagle | eagle3 | ngram")
+        return None
+    if not a.num_speculative_tokens or a.acceptance is None:
+        raise ConfigError(f"--speculative {a.speculative} needs the draft length and its "
+                          "acceptance", field="--num-speculative-tokens/--acceptance",
+                          expected="--num-speculative-tokens K --acceptance A (mean accepted "
+                                   "tokens per verify step) or a_1,...,a_K")
+    return SpeculativeConfig(a.speculative, a.num_speculative_tokens,
+                             parse_acceptance(a.acceptance), draft_model=a.draft_model)
+
+
+def speculative_json(spec) -> dict | None:
+    if spec is None:
+        return None
+    return {"method": spec.method.value, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance": list(spec.acceptance),
+            "accepted_tokens_per_step": spec.accepted_tokens,
+            "tokens_per_step": spec.tokens_per_step,
+            "draft_model": spec.draft_model}
 
 
 def engine_options(bk, a: ServeArgs):

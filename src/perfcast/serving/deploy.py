@@ -16,6 +16,7 @@ from perfcast.serving.requests import (BlockLRU, Client, ClosedLoopClient, Decla
                                       LengthDistribution, OpenLoopClient, TraceClient,
                                       TraceRequest)
 from perfcast.serving.simulator import SimulationResult, simulate
+from perfcast.serving.speculative import SpeculativeConfig, speculative_step
 from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
 
@@ -61,6 +62,7 @@ class ServeConfig:
     interpolate: bool = True
     record_trace: bool = False
     explain: bool = False                  # record per-request phases (serve --explain)
+    speculative: SpeculativeConfig | None = None  # draft + verify decoding (serve --speculative)
 
 
 class StepModelCache:
@@ -187,8 +189,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                                 warmup_requests=cfg.warmup_requests, seed=cfg.seed)
 
     def engines(pool: Pool, role: str) -> tuple[list[Engine], StepCostModel]:
-        step = cache.get(model, pool.plan, system, backend, cfg.precision, evidence, context,
-                         cfg.interpolate)
+        step = speculative_step(cache.get(model, pool.plan, system, backend, cfg.precision,
+                                          evidence, context, cfg.interpolate), cfg.speculative)
         capacity = kv_capacity_tokens(step, backend, context_hint=cfg.isl + cfg.osl)
         # attention-DP ranks step together (one engine); each rank has its own budget,
         # request limit and KV cache, so the engine's limits scale with dp

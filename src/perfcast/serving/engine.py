@@ -19,6 +19,7 @@ reason; nothing crashes and nothing is silently dropped.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -59,6 +60,10 @@ class Engine:
             raise ValueError(f"unknown engine role {role!r}") from None
         self.name = name
         self.cost = cost
+        # speculative decoding (serving/speculative.py): tokens a decoding request emits
+        # per iteration and KV slots reserved beyond its tokens (1 and 0 without it)
+        self.tokens_per_step = float(getattr(cost, "tokens_per_decode_step", 1.0))
+        self.lookahead = int(getattr(cost, "kv_lookahead_tokens", 0))
         self.sched = scheduler
         self.kv = kv
         self.capacity = int(kv_capacity_tokens)
@@ -93,7 +98,7 @@ class Engine:
     # -- arrivals --------------------------------------------------------------------------
     def need_tokens(self, r: Request) -> int:
         """KV tokens reserved when `r` is admitted."""
-        slack = self.kv.block_tokens - 1
+        slack = self.kv.block_tokens - 1 + (0 if self.role is Role.PREFILL else self.lookahead)
         if not self.incremental or self.role is Role.PREFILL:
             extra = 0 if self.role is Role.PREFILL else r.output_tokens - r.generated
             return r.prefill_target + extra + slack
@@ -102,12 +107,23 @@ class Engine:
     def generated_of(self, r: Request) -> int:
         """Tokens `r` has generated so far (decoding requests advance lazily)."""
         if r.active and r.prefilled >= r.prefill_target:
-            return r.generated + (self.counter - r.join_counter)
+            return r.generated + self._emitted(r, self.counter - r.join_counter)
         return r.generated
+
+    def _grown(self, iterations):
+        """KV tokens (per request) that `iterations` decode iterations add."""
+        return iterations if self.tokens_per_step == 1.0 else iterations * self.tokens_per_step
+
+    def _emitted(self, r: Request, iterations: int) -> int:
+        """Tokens `r` has emitted in `iterations` decode iterations since it joined."""
+        if self.tokens_per_step == 1.0:
+            return iterations
+        return min(r.output_tokens - r.generated, int(iterations * self.tokens_per_step + 1e-9))
 
     def submit(self, r: Request, time_s: float) -> Event | None:
         """Queue a request arriving at `time_s`; a request that can never run is rejected."""
-        whole = r.prefill_target + (0 if self.role is Role.PREFILL else r.output_tokens) \
+        whole = r.prefill_target + (0 if self.role is Role.PREFILL
+                                    else r.output_tokens + self.lookahead) \
             + self.kv.block_tokens - 1
         if whole > self.capacity:
             r.reject_reason = (f"needs {whole} KV tokens, engine {self.name} holds "
@@ -155,8 +171,10 @@ class Engine:
         r.join_counter = self.counter
         self._seq += 1
         r.seq = self._seq
-        heapq.heappush(self.decoding, (self.counter + r.output_tokens - r.generated,
-                                       self._seq, r))
+        left = r.output_tokens - r.generated
+        if self.tokens_per_step != 1.0:  # iterations to emit `left` tokens
+            left = math.ceil(left / self.tokens_per_step - 1e-9)
+        heapq.heappush(self.decoding, (self.counter + left, self._seq, r))
         self.n_decoding += 1
         self.n_measured_decoding += r.measured
         self.sum_ctx += r.prefill_target
@@ -167,7 +185,7 @@ class Engine:
     def _leave_decode(self, r: Request) -> None:
         self.n_decoding -= 1
         self.n_measured_decoding -= r.measured
-        self.sum_ctx -= r.prefill_target + (self.counter - r.join_counter)
+        self.sum_ctx -= r.prefill_target + self._grown(self.counter - r.join_counter)
         if self.phases is not None:
             ph = self.phases[r.rid]
             ph.decode_s += self.decode_clock - ph.decode_join
@@ -177,11 +195,13 @@ class Engine:
         """Incremental KV: make room for one more token per decoding request by sending
         the newest running requests back to the queue (recompute)."""
         preempted = False
-        while self.n_decoding and self.kv_used + self.n_decoding > self.capacity:
+        while self.n_decoding and self.kv_used + self._grown(self.n_decoding) > self.capacity:
             victim = next(reversed(self.running.values()))
-            growth = 0
+            growth = emitted = 0
             if victim.prefilled >= victim.prefill_target and victim.generated > 0:
-                growth = self.counter - victim.join_counter
+                iterations = self.counter - victim.join_counter
+                growth = self._grown(iterations)
+                emitted = self._emitted(victim, iterations)
                 self._leave_decode(victim)
                 self.decoding = [e for e in self.decoding if e[2] is not victim]
                 heapq.heapify(self.decoding)
@@ -189,7 +209,7 @@ class Engine:
             else:
                 self.prefilling.remove(victim)
             self._release(victim, growth)
-            victim.generated += growth
+            victim.generated += emitted
             victim.prefill_target = victim.input_tokens + victim.generated
             victim.prefilled = 0
             victim.preemptions += 1
@@ -270,7 +290,7 @@ class Engine:
         n = self.n_decoding
         k = self.decoding[0][0] - self.counter
         if self.incremental:
-            k = min(k, int((self.capacity - self.kv_used) // n))
+            k = min(k, int((self.capacity - self.kv_used) // self._grown(n)))
         k = max(k, 1)
         durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
         limit = horizon_s
@@ -283,7 +303,7 @@ class Engine:
         start = self.clock
         total = float(durations.sum())
         self._account(start, total, StepShape(n, self.sum_ctx / n), steps=k,
-                      kv_growth=n * (k - 1) / 2)
+                      kv_growth=self._grown(n * (k - 1) / 2))
         end = start + total
         events = self._decode_tokens(end, steps=k, durations=durations, total=total)
         self.clock = end
@@ -311,10 +331,10 @@ class Engine:
             st.itl_weights.extend([float(self.n_measured_decoding)] * (steps - 1))
         self.newcomers = []
         self.counter += steps
-        self.sum_ctx += n * steps
+        self.sum_ctx += self._grown(n * steps)
         self.decode_clock += total
         if self.incremental:
-            self.kv_used += n * steps
+            self.kv_used += self._grown(n * steps)
         self.last_decode_end = end
         events: list[Event] = []
         while self.decoding and self.decoding[0][0] <= self.counter:
@@ -322,7 +342,7 @@ class Engine:
             r.generated = r.output_tokens
             r.last_token_s = end
             self._leave_decode(r)
-            self._release(r, self.counter - r.join_counter)
+            self._release(r, self._grown(self.counter - r.join_counter))
             r.finish_s = end
             events.append(Event(EventKind.FINISHED, r, end))
         return events

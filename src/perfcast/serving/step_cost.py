@@ -80,6 +80,24 @@ class Part:
 ZERO = Part(0.0, 0.0)
 
 
+def graph_part(tasks, resolver: CostResolver, system_name: str,
+               context: CostQueryContext, keep=None) -> Part:
+    """Kernel time, kernel count and communication time of `tasks`, costed by `resolver`
+    (views and zero-cost tasks left out; `keep`, when given, selects tasks)."""
+    latency = n = comm = 0.0
+    for task in tasks:
+        if task.kind is TaskKind.VIEW or (keep is not None and not keep(task)):
+            continue
+        est = resolver.resolve(query_for_task(task, system_name, context)).estimate
+        if est.latency_s == 0.0:
+            continue
+        latency += est.latency_s * task.count
+        n += task.count
+        if task.kind is TaskKind.COMMUNICATION:
+            comm += est.latency_s * task.count
+    return Part(latency, n, comm)
+
+
 @dataclass(frozen=True)
 class StepShape:
     """What one iteration computes: decode requests at a mean context, prefill chunks."""
@@ -132,22 +150,11 @@ class StepCostModel:
         if hit is not None:
             return hit
         graph = build_task_graph(self.model, self.plan, batch, self.precision)
-        latency = n = comm = 0.0
-        for task in graph.tasks:
-            if task.kind is TaskKind.VIEW or ("kv_len" in task.work.axes) != context_tasks:
-                continue
-            est = self.resolver.resolve(query_for_task(task, self.system.name,
-                                                       self.context)).estimate
-            if est.latency_s == 0.0:
-                continue
-            latency += est.latency_s * task.count
-            n += task.count
-            if task.kind is TaskKind.COMMUNICATION:
-                comm += est.latency_s * task.count
+        out = graph_part([t for t in graph.tasks if ("kv_len" in t.work.axes) == context_tasks],
+                         self.resolver, self.system.name, self.context)
         if self._memory is None:
             self._memory = graph.memory
         self.graphs_built += 1
-        out = Part(latency, n, comm)
         self._graphs[key] = out
         return out
 
@@ -217,11 +224,16 @@ class StepCostModel:
         return self._memo(("ihead", sequences), lambda: self._interp1(self.head_exact, sequences))
 
     def attn_decode(self, requests: int, context: float) -> Part:
+        return self.context_term(self.attn_decode_exact, requests, context)
+
+    def context_term(self, exact, requests: int, context: float) -> Part:
+        """`exact(requests, context)` at a mean context: rounded without interpolation,
+        else interpolated between grid nodes; ZERO without requests."""
         if requests <= 0:
             return ZERO
         if not self.interpolate:
-            return self.attn_decode_exact(requests, int(round(context)))
-        return self._interp2(self.attn_decode_exact, requests, max(context, 1.0))
+            return exact(requests, int(round(context)))
+        return self._interp2(exact, requests, max(context, 1.0))
 
     def attn_prefill(self, q_tokens: int, context: int) -> Part:
         if not self.interpolate:
