@@ -74,3 +74,27 @@ def test_estimate_auto_equals_serve_task_by_task(monkeypatch, batch):
         # decode GEMMs run inside the engine's CUDA graphs: the fitted per-call
         # overhead of the collector's timing comes off, in estimate as in serve
         assert cut >= 4
+
+
+def test_a_saved_database_of_the_same_tables_answers_the_same(tmp_path):
+    """Outside an AIConfigurator layout (a saved database), `--implementation auto` takes
+    each operation at the nearest collected version and fits the harness overhead on that
+    version's GEMM rows: with one collected version, the layout's answers exactly."""
+    from perfcast.evidence.store import open_evidence
+
+    saved = tmp_path / "db"
+    open_evidence(str(ROOT / "h100_sxm")).save(saved)
+    args = dict(model=MODEL, tp_size=2, runtime="vllm", runtime_version=VERSION,
+                implementation=["auto"], num_queries=8, query_length=1, context_length=1000,
+                decode=True)
+    layout = run_estimate(EstimateArgs(evidence=[str(ROOT / "h100_sxm")], **args))
+    database = run_estimate(EstimateArgs(evidence=[str(saved)], **args))
+    assert "layout" not in database.sources["analytic"]["evidence"][0]
+    pairs = zip(layout.results["analytic"].costed.tasks,
+                database.results["analytic"].costed.tasks)
+    cut = 0
+    for a, b in pairs:
+        ea, eb = a.resolution.estimate, b.resolution.estimate
+        assert (ea.provider, ea.latency_s) == (eb.provider, eb.latency_s), a.task.lineage
+        cut += eb.components.get("harness_fixed_cost_s", 0.0) < 0.0
+    assert cut >= 4
