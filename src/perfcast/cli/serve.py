@@ -207,6 +207,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     from perfcast.hardware import load_system
     from perfcast.serving.backends import load_backend
     from perfcast.serving.deploy import Pool, ServeConfig, run_serving
+    from perfcast.serving.pipeline import pipeline_report
     from perfcast.serving.provenance import provenance_json, tallied
     from perfcast.workload import load_model_spec
     from perfcast.workload.quant import precision_for_model
@@ -271,6 +272,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     wrapped, tally = tallied((*providers, *calibrated))
     result = run_serving(cfg, evidence=wrapped, evidence_context=context)
     metrics = result.metrics.to_json()
+    metrics["pipeline"] = pipeline_report(result.engines)   # None unless pp > 1
     metrics["calibration"] = revision.digest if revision is not None else "none"
     metrics["calibration_held_out_error"] = held_out_error(revision)
     metrics["inputs"] = {
@@ -474,13 +476,15 @@ def trace_settings(path: Path, num_requests: int, warmup: int, allow_long_run: b
 def prefix_cache_inputs(hit_rate: float | None, trace, result) -> dict:
     """What decided the prefix-cache hits: a declared rate, the trace's block hashes
     (an LRU holding one engine's KV cache in blocks) or nothing."""
+    from perfcast.serving.pipeline import replica_kv_tokens
+
     if hit_rate is not None:
         return {"source": "hit_rate", "hit_rate": hit_rate, "block_tokens": None,
                 "capacity_blocks": None}
     if trace is not None and trace.has_block_hashes:
         return {"source": "trace_hash_ids", "hit_rate": None,
                 "block_tokens": trace.block_tokens,
-                "capacity_blocks": result.engines[0].capacity // trace.block_tokens}
+                "capacity_blocks": replica_kv_tokens(result.engines) // trace.block_tokens}
     return {"source": "none", "hit_rate": None, "block_tokens": None, "capacity_blocks": None}
 
 
@@ -576,6 +580,11 @@ def _print_table(metrics: dict, console: Console) -> None:
         value = metrics[key]
         console.print(f"{key:28s} {value:.3f}" if isinstance(value, float)
                       else f"{key:28s} {value}")
+    pipe = metrics.get("pipeline")
+    if pipe:
+        stages = ", ".join(f"{100 * b:.1f}%" for b in pipe["stage_bubble_fraction"])
+        console.print(f"{'pipeline bubble':28s} {100 * pipe['bubble_fraction']:.1f}% of "
+                      f"{pipe['stages']} stages ({stages})", highlight=False)
     console.print("numbers from:", highlight=False)
     for line in provenance_lines(metrics["provenance"]):
         console.print(f"  {line}", markup=False, highlight=False)

@@ -12,6 +12,7 @@ from perfcast.hardware import System, load_system
 from perfcast.serving.backends import BackendDefaults, load_backend
 from perfcast.serving.engine import Engine
 from perfcast.serving.kv_transfer import KVLinks, kv_tier, transfer_s
+from perfcast.serving.pipeline import StagedStepCostModel, replica_kv_tokens, virtual_engines
 from perfcast.serving.requests import (BlockLRU, Client, ClosedLoopClient, DeclaredHitRate,
                                       LengthDistribution, OpenLoopClient, TraceClient,
                                       TraceRequest)
@@ -89,11 +90,12 @@ class StepModelCache:
                 # kernel launch is the step model's (per kernel, eager vs. CUDA graph)
                 self._resolvers[ev_key] = build_resolver(system, evidence,
                                                          launch_in_kernel_times=False)
-            hit = StepCostModel(model, plan, system, self._resolvers[ev_key],
-                                precision=precision, context=context,
-                                overheads=backend.overheads, cuda_graph=backend.cuda_graph,
-                                interpolate=interpolate,
-                                graph_cache=self._graphs.setdefault(base, {}))
+            # pp > 1: the same terms kept split by stage (serving.pipeline)
+            cls = StagedStepCostModel if plan.pp > 1 else StepCostModel
+            hit = cls(model, plan, system, self._resolvers[ev_key],
+                      precision=precision, context=context,
+                      overheads=backend.overheads, cuda_graph=backend.cuda_graph,
+                      interpolate=interpolate, graph_cache=self._graphs.setdefault(base, {}))
             self._models[key] = hit
         return hit
 
@@ -201,13 +203,20 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                             max_running_requests=sched.max_running_requests * dp)
         if sched.client_in_flight:  # the client's connections spread over the replicas
             sched = replace(sched, client_in_flight=-(-sched.client_in_flight // pool.workers))
+        if pool.plan.pp > 1:   # PP virtual engines per replica on shared stages
+            if cfg.speculative is not None:
+                raise ConfigError("speculative decoding with pipeline parallelism is not "
+                                  "modelled", field="--speculative", expected="--pp-size 1")
+            return [e for i in range(pool.workers) for e in virtual_engines(
+                f"{role}{i}", step, sched, backend.kv_cache, capacity, role=role,
+                record_trace=cfg.record_trace, explain=cfg.explain)], step
         return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
                        role=role, record_trace=cfg.record_trace, explain=cfg.explain)
                 for i in range(pool.workers)], step
 
     if cfg.mode == "agg":
         front, _ = engines(cfg.pool, "agg")
-        client.prefix_cache = prefix_cache(cfg, client, front[0].capacity)
+        client.prefix_cache = prefix_cache(cfg, client, replica_kv_tokens(front))
         return simulate(client, front, num_gpus=cfg.pool.gpus,
                         frontend_s=backend.overheads.frontend_overhead_s,
                         first_chunk_s=backend.overheads.first_chunk_overhead_s,
@@ -217,7 +226,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                           expected="decode workers and their layout")
     front, pstep = engines(cfg.pool, "prefill")
     back, dstep = engines(cfg.decode_pool, "decode")
-    client.prefix_cache = prefix_cache(cfg, client, front[0].capacity)
+    client.prefix_cache = prefix_cache(cfg, client, replica_kv_tokens(front))
     links = kv_links(cfg.pool, cfg.decode_pool, pstep, dstep, system)
     return simulate(client, front, decode_engines=back, kv_transfer=links,
                     frontend_s=backend.overheads.frontend_overhead_s,

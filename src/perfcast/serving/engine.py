@@ -53,13 +53,19 @@ class EngineStats:
 class Engine:
     def __init__(self, name: str, cost: StepCostModel, scheduler: SchedulerConfig,
                  kv: KVCacheConfig, kv_capacity_tokens: int, *, role: Role | str = Role.AGG,
-                 record_trace: bool = False, explain: bool = False) -> None:
+                 record_trace: bool = False, explain: bool = False, pipeline=None,
+                 replica: object = None) -> None:
+        """`pipeline`: the replica's shared pipeline stages (a PipelinedCost) when this
+        engine is one of its virtual engines (pp > 1); `replica`: what identifies the
+        server it belongs to (one front-end each), by default the engine itself."""
         try:
             self.role = Role(role)
         except ValueError:
             raise ValueError(f"unknown engine role {role!r}") from None
         self.name = name
+        self.replica = self if replica is None else replica
         self.cost = cost
+        self.pipeline = pipeline
         # speculative decoding (serving/speculative.py): tokens a decoding request emits
         # per iteration and KV slots reserved beyond its tokens (1 and 0 without it)
         self.tokens_per_step = float(getattr(cost, "tokens_per_decode_step", 1.0))
@@ -252,9 +258,13 @@ class Engine:
         n = self.n_decoding if decode else 0
         shape = StepShape(n, self.sum_ctx / n if n else 0.0,
                           tuple((q, r.prefilled) for r, q in chunks))
-        dt = self.cost.step_s(shape)
         start = self.clock
-        end = start + dt
+        if self.pipeline is None:
+            dt = self.cost.step_s(shape)
+            end = start + dt
+        else:
+            end = self.pipeline.step_end(start, shape)
+            dt = end - start
         self._account(start, dt, shape)
         events: list[Event] = []
         if decode:
@@ -292,11 +302,16 @@ class Engine:
         if self.incremental:
             k = min(k, int((self.capacity - self.kv_used) // self._grown(n)))
         k = max(k, 1)
-        durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
+        pipe = self.pipeline
+        if pipe is None:
+            durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
         limit = horizon_s
         if self.pending:
             limit = min(limit, self.pending[0][0])
-        if limit < float("inf") and k > 1:
+        if pipe is not None:   # iterations on the shared stages, reserved one by one
+            durations = pipe.decode_run(self.clock, n, self.sum_ctx / n, k, limit)
+            k = len(durations)
+        elif limit < float("inf") and k > 1:
             starts = self.clock + np.concatenate(([0.0], np.cumsum(durations[:-1])))
             k = max(1, int(np.searchsorted(starts, limit, side="left")))
             durations = durations[:k]

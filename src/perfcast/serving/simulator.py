@@ -81,7 +81,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     everything = [*engines, *decode_engines]
     finished: list[Request] = []
     rejected: list[Request] = []
-    frontend_free_s = {id(e): 0.0 for e in engines}   # one server process per front engine
+    frontend_free_s = {e.replica: 0.0 for e in engines}   # one server process per replica
     phases = None
     if any(e.phases is not None for e in everything):
         phases = {}
@@ -94,8 +94,8 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             owner[r.rid] = e
             seen_s = r.arrival_s + frontend_s
             if frontend_service_s > 0.0:
-                turn_end = max(r.arrival_s, frontend_free_s[id(e)]) + frontend_service_s
-                frontend_free_s[id(e)] = turn_end
+                turn_end = max(r.arrival_s, frontend_free_s[e.replica]) + frontend_service_s
+                frontend_free_s[e.replica] = turn_end
                 r.frontend_wait_s = max(0.0, turn_end - seen_s)
                 seen_s = max(seen_s, turn_end)
             ev = e.submit(r, seen_s)

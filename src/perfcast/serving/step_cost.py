@@ -85,17 +85,23 @@ def graph_part(tasks, resolver: CostResolver, system_name: str,
     """Kernel time, kernel count and communication time of `tasks`, costed by `resolver`
     (views and zero-cost tasks left out; `keep`, when given, selects tasks)."""
     latency = n = comm = 0.0
+    for task, latency_s in costed_tasks(tasks, resolver, system_name, context, keep):
+        latency += latency_s * task.count
+        n += task.count
+        if task.kind is TaskKind.COMMUNICATION:
+            comm += latency_s * task.count
+    return Part(latency, n, comm)
+
+
+def costed_tasks(tasks, resolver: CostResolver, system_name: str, context: CostQueryContext,
+                 keep=None):
+    """(task, latency of one call) of the tasks `graph_part` adds up."""
     for task in tasks:
         if task.kind is TaskKind.VIEW or (keep is not None and not keep(task)):
             continue
         est = resolver.resolve(query_for_task(task, system_name, context)).estimate
-        if est.latency_s == 0.0:
-            continue
-        latency += est.latency_s * task.count
-        n += task.count
-        if task.kind is TaskKind.COMMUNICATION:
-            comm += est.latency_s * task.count
-    return Part(latency, n, comm)
+        if est.latency_s != 0.0:
+            yield task, est.latency_s
 
 
 @dataclass(frozen=True)
@@ -150,13 +156,17 @@ class StepCostModel:
         if hit is not None:
             return hit
         graph = build_task_graph(self.model, self.plan, batch, self.precision)
-        out = graph_part([t for t in graph.tasks if ("kv_len" in t.work.axes) == context_tasks],
-                         self.resolver, self.system.name, self.context)
+        out = self._part_of([t for t in graph.tasks
+                             if ("kv_len" in t.work.axes) == context_tasks])
         if self._memory is None:
             self._memory = graph.memory
         self.graphs_built += 1
         self._graphs[key] = out
         return out
+
+    def _part_of(self, tasks) -> Part:
+        """The term of costed tasks (serving.pipeline keeps it split by stage)."""
+        return graph_part(tasks, self.resolver, self.system.name, self.context)
 
     def _memo(self, key: tuple, fn) -> Part:
         hit = self._terms.get(key)
