@@ -198,8 +198,60 @@ def test_engine_family_options_through_the_cli():
     assert res.exit_code == 0, res.output
     sched = json.loads(res.stdout)["inputs"]["scheduler"]
     assert sched["schedule_conservativeness"] == 1.0 and sched["enable_mixed_chunk"] is True
+    res = CliRunner().invoke(app, [*base, "--backend", "trtllm", "--attention-dp-balance"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["inputs"]["scheduler"]["attention_dp_balance"] is True
     res = CliRunner().invoke(app, [*base, "--backend", "vllm", "--enable-mixed-chunk"])
     assert res.exit_code == 2 and "prefill_first" in res.output
     res = CliRunner().invoke(app, [*base, "--backend", "trtllm", "--capacity-scheduler-policy",
                                    "FASTEST"])
     assert res.exit_code == 2 and "GUARANTEED_NO_EVICT" in res.output
+
+
+class _DP2(LinearCost):
+    dp = 2     # two attention-DP ranks stepping together
+
+
+def _arrivals(spec):
+    class _At(OpenLoopClient):
+        def __init__(self):
+            super().__init__(LengthDistribution(1, 1), len(spec),
+                             arrival_times_s=[t for t, _, _ in spec])
+
+        def initial(self):
+            return [Request(i, t, p, o) for i, (t, p, o) in enumerate(spec)]
+    return _At()
+
+
+def _adp_engine(balance):
+    e = engine(_DP2(A, B), policy="inflight", chunked=False)
+    e.sched = SchedulerConfig(policy="inflight", token_budget=100_000, chunked_prefill=False,
+                              attention_dp_balance=balance, attention_dp_timeout_iters=5,
+                              attention_dp_batching_wait_iters=3)
+    e.policy = TRTLLMPolicy(e)
+    e._records = True
+    return e
+
+
+def test_trtllm_attention_dp_balance_holds_a_lone_context_until_the_timeout():
+    # dp 2; R0, R1 (100 + 100 tokens) at t = 0, R2 (100 + 5) at 50 ms.
+    # 1: R0 + R1 prefill (0 ms - 30 ms); 2: two decode steps of 10.2 ms start before
+    # R2 arrives; then R2 is one context for two ranks while both ranks generate: held
+    # for timeout_iters - 1 = 4 decode iterations, then it runs with the decodes.
+    spec = [(0.0, 100, 100), (0.0, 100, 100), (0.05, 100, 5)]
+    e = _adp_engine(True)
+    simulate(_arrivals(spec), [e], num_gpus=2)
+    assert _sequence(e)[:4] == [(0, (100, 100), 1), (2, (), 2), (2, (), 4), (2, (100,), 1)]
+    e = _adp_engine(False)
+    simulate(_arrivals(spec), [e], num_gpus=2)
+    assert _sequence(e)[:3] == [(0, (100, 100), 1), (2, (), 2), (2, (100,), 1)]
+
+
+def test_trtllm_attention_dp_balance_batches_contexts_for_a_few_iterations():
+    # two contexts (one per rank) at 50 ms while both ranks generate: they wait
+    # batching_wait_iters = 3 iterations, then run together with the decodes
+    spec = [(0.0, 100, 100), (0.0, 100, 100), (0.05, 100, 5), (0.05, 100, 5)]
+    e = _adp_engine(True)
+    simulate(_arrivals(spec), [e], num_gpus=2)
+    assert _sequence(e)[:4] == [(0, (100, 100), 1), (2, (), 2), (2, (), 3),
+                                (2, (100, 100), 1)]

@@ -301,6 +301,9 @@ class Engine:
         k = self.decoding[0][0] - self.counter
         if self.incremental:
             k = min(k, int((self.capacity - self.kv_used) // self._grown(n)))
+        cap = self.policy.max_decode_steps()
+        if cap is not None:
+            k = min(k, cap)
         k = max(k, 1)
         pipe = self.pipeline
         if pipe is None:

@@ -145,6 +145,7 @@ class StepCostModel:
         self.graphs_built = 0
         self.dp = plan.dp
         self._terms: dict[tuple, Part] = {}   # memo of terms by primitive shape keys
+        self._last_parts: tuple = (None, None, None)
 
     # -- exact terms (one costed graph per key) -----------------------------------------
     def _split(self, batch: Batch, context_tasks: bool) -> Part:
@@ -291,6 +292,7 @@ class StepCostModel:
         if shape.tokens <= 0:
             raise ValueError("an engine step needs at least one token")
         part, padded = self.kernel_parts(shape)
+        self._last_parts = (shape, part, padded)   # iteration_split of the same step
         return float(self.with_host(self.gpu_s(part, padded), shape.sequences))
 
     def gpu_s(self, part: Part, padded: int | None) -> float:
@@ -319,7 +321,8 @@ class StepCostModel:
         with one. For a decode run (`steps` > 1) the per-step parts are those of its
         first step (communication, launch and host time do not depend on the context);
         compute is the remainder."""
-        part, padded = self.kernel_parts(shape)
+        last = self._last_parts
+        part, padded = last[1:] if last[0] is shape else self.kernel_parts(shape)
         ov = self.overheads
         launch = part.kernels * (ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s)
         host = ov.step_overhead_s + ov.per_request_overhead_s * shape.sequences

@@ -100,6 +100,11 @@ class EnginePolicy:
     def on_preempt(self) -> None:
         """The engine sent running requests back to the queue (KV ran out)."""
 
+    def max_decode_steps(self) -> int | None:
+        """At most this many decode iterations before the next `plan()` (None: up to the
+        next event), for policies that count iterations."""
+        return None
+
     # -- shared helpers --------------------------------------------------------------
     def chunk_size(self, need: int, budget: int) -> int:
         """Tokens of a `need`-token prompt remainder computed under `budget`."""
