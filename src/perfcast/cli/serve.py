@@ -88,6 +88,10 @@ def serve_command(
         "--capacity-scheduler-policy", help="inflight (TRT-LLM): GUARANTEED_NO_EVICT (KV for the "
         "whole output reserved at admission) | MAX_UTILIZATION (allocate per step, pause the "
         "newest request when short)")] = None,
+    attention_dp_balance: Annotated[Optional[bool], typer.Option(
+        "--attention-dp-balance/--no-attention-dp-balance", help="inflight (TRT-LLM) with "
+        "--dp-size > 1: hold context requests until every attention-DP rank has one "
+        "(attention_dp_config.enable_balance)")] = None,
     mode: Annotated[str, typer.Option(help="agg | disagg")] = "agg",
     workers: Annotated[int, typer.Option("--workers", help="agg replicas or prefill workers")] = 1,
     decode_workers: Annotated[int, typer.Option("--decode-workers")] = 1,
@@ -135,7 +139,8 @@ def serve_command(
             allow_long_run=allow_long_run, explain=explain,
             schedule_conservativeness=schedule_conservativeness,
             enable_mixed_chunk=enable_mixed_chunk,
-            capacity_scheduler_policy=capacity_scheduler_policy)
+            capacity_scheduler_policy=capacity_scheduler_policy,
+            attention_dp_balance=attention_dp_balance)
         metrics, result = run_serve(args, note=lambda text: typer.echo(text, err=True),
                                     record_trace=chrome_trace is not None)
         if chrome_trace:
@@ -199,6 +204,7 @@ class ServeArgs:
     schedule_conservativeness: Optional[float] = None
     enable_mixed_chunk: Optional[bool] = None
     capacity_scheduler_policy: Optional[str] = None
+    attention_dp_balance: Optional[bool] = None
 
 
 def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
@@ -288,7 +294,8 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                       "chunked_prefill": bk.scheduler.chunked_prefill,
                       "kv_admission": bk.kv_cache.admission,
                       "schedule_conservativeness": bk.scheduler.schedule_conservativeness,
-                      "enable_mixed_chunk": bk.scheduler.enable_mixed_chunk},
+                      "enable_mixed_chunk": bk.scheduler.enable_mixed_chunk,
+                      "attention_dp_balance": bk.scheduler.attention_dp_balance},
         "client": {**client, "isl": None if trace else a.isl, "osl": None if trace else a.osl,
                    "range_ratio": None if trace else a.range_ratio,
                    "warmup_requests": a.warmup_requests, "seed": a.seed},
@@ -319,12 +326,14 @@ def engine_options(bk, a: ServeArgs):
     for flag, value, wants in (
             ("--schedule-conservativeness", a.schedule_conservativeness, Policy.PREFILL_FIRST),
             ("--enable-mixed-chunk", a.enable_mixed_chunk, Policy.PREFILL_FIRST),
-            ("--capacity-scheduler-policy", a.capacity_scheduler_policy, Policy.INFLIGHT)):
+            ("--capacity-scheduler-policy", a.capacity_scheduler_policy, Policy.INFLIGHT),
+            ("--attention-dp-balance", a.attention_dp_balance, Policy.INFLIGHT)):
         if value is not None and policy is not wants:
             raise ConfigError(f"applies to the {wants} policy, not {policy}", field=flag,
                               expected=f"--policy {wants} (or a backend that uses it)")
     bk = bk.with_scheduler(schedule_conservativeness=a.schedule_conservativeness,
-                           enable_mixed_chunk=a.enable_mixed_chunk)
+                           enable_mixed_chunk=a.enable_mixed_chunk,
+                           attention_dp_balance=a.attention_dp_balance)
     if a.capacity_scheduler_policy is not None:
         try:
             cap = CapacitySchedulerPolicy(a.capacity_scheduler_policy.upper())
@@ -366,35 +375,6 @@ def speculative_json(spec) -> dict | None:
             "accepted_tokens_per_step": spec.accepted_tokens,
             "tokens_per_step": spec.tokens_per_step,
             "draft_model": spec.draft_model}
-
-
-def engine_options(bk, a: ServeArgs):
-    """The engine-family options of `a` applied to backend defaults `bk`; an option of
-    another family's policy is an error, not ignored."""
-    from dataclasses import replace
-
-    from perfcast.serving.backends import Policy
-    from perfcast.serving.engines import CapacitySchedulerPolicy
-
-    policy = bk.scheduler.policy
-    for flag, value, wants in (
-            ("--schedule-conservativeness", a.schedule_conservativeness, Policy.PREFILL_FIRST),
-            ("--enable-mixed-chunk", a.enable_mixed_chunk, Policy.PREFILL_FIRST),
-            ("--capacity-scheduler-policy", a.capacity_scheduler_policy, Policy.INFLIGHT)):
-        if value is not None and policy is not wants:
-            raise ConfigError(f"applies to the {wants} policy, not {policy}", field=flag,
-                              expected=f"--policy {wants} (or a backend that uses it)")
-    bk = bk.with_scheduler(schedule_conservativeness=a.schedule_conservativeness,
-                           enable_mixed_chunk=a.enable_mixed_chunk)
-    if a.capacity_scheduler_policy is not None:
-        try:
-            cap = CapacitySchedulerPolicy(a.capacity_scheduler_policy.upper())
-        except ValueError:
-            raise ConfigError(f"unknown policy {a.capacity_scheduler_policy!r}",
-                              field="--capacity-scheduler-policy",
-                              expected=" | ".join(CapacitySchedulerPolicy)) from None
-        bk = replace(bk, kv_cache=replace(bk.kv_cache, admission=cap.admission))
-    return bk
 
 
 def client_settings(concurrency: int | None, request_rate: float | None,

@@ -67,6 +67,11 @@ class SchedulerConfig:
     schedule_conservativeness: float = 0.0
     # SGLang enable_mixed_chunk: decodes ride along with a prefill chunk
     enable_mixed_chunk: bool = False
+    # TRT-LLM attention_dp_config (llmapi/llm_args.py AttentionDpConfig defaults):
+    # enable_balance holds context requests back until every attention-DP rank has one
+    attention_dp_balance: bool = False
+    attention_dp_timeout_iters: int = 50
+    attention_dp_batching_wait_iters: int = 10
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", _enum(Policy, self.policy, "policy"))
@@ -206,7 +211,11 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 chunked_prefill=bool(sch["chunked_prefill"]),
                 mix_decode_and_prefill=bool(sch["mix_decode_and_prefill"]),
                 schedule_conservativeness=float(sch.get("schedule_conservativeness", 0.0)),
-                enable_mixed_chunk=bool(sch.get("enable_mixed_chunk", False))),
+                enable_mixed_chunk=bool(sch.get("enable_mixed_chunk", False)),
+                attention_dp_balance=bool(sch.get("attention_dp_balance", False)),
+                attention_dp_timeout_iters=int(sch.get("attention_dp_timeout_iters", 50)),
+                attention_dp_batching_wait_iters=int(
+                    sch.get("attention_dp_batching_wait_iters", 10))),
             kv_cache=KVCacheConfig(
                 admission=str(kv["admission"]), block_tokens=int(kv["block_tokens"]),
                 memory_fraction=float(kv["memory_fraction"]),
