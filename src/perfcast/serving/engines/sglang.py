@@ -44,10 +44,26 @@ class SGLangPolicy(EnginePolicy):
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.ratio = self.init_ratio
-        self._reserved = 0.0   # future-token reservation while one batch is formed
+        # while one batch is formed: the running requests' reservation (computed only
+        # when a cheap upper bound does not already admit), the requests admitted so
+        # far and their clipped outputs
+        self._running_reserve: float | None = None
+        self._batch: list = []
+        self._batch_new = 0.0
+        self._max_out = 0      # largest output of any request admitted (bounds the rest)
 
     def _remaining(self, r) -> int:
         return max(r.output_tokens - self.engine.generated_of(r), 0)
+
+    def _reserve(self) -> float:
+        """new_token_ratio x clipped remaining output of the requests that were running
+        when this batch started to form."""
+        if self._running_reserve is None:
+            batch = {id(r) for r in self._batch}
+            self._running_reserve = self.ratio * sum(
+                min(self._remaining(r), CLIP_MAX_NEW_TOKENS)
+                for r in self.engine.running.values() if id(r) not in batch)
+        return self._running_reserve
 
     def can_admit(self, r) -> bool:
         if not super().can_admit(r):
@@ -55,18 +71,21 @@ class SGLangPolicy(EnginePolicy):
         if not self.reserving:
             return True
         e = self.engine
+        self._max_out = max(self._max_out, r.output_tokens)
         new = min(self._remaining(r), CLIP_MAX_NEW_TOKENS)
-        if e.kv_used + e.need_tokens(r) + self._reserved + new > e.capacity:
+        base = e.kv_used + e.need_tokens(r) + self._batch_new + new
+        bound = self.ratio * len(e.running) * min(self._max_out, CLIP_MAX_NEW_TOKENS)
+        if base + bound > e.capacity and base + self._reserve() > e.capacity:
             return False
-        self._reserved += new
+        self._batch_new += new
+        self._batch.append(r)
         return True
 
     def plan(self) -> tuple[Chunks, bool]:
         e = self.engine
         if e.waiting or e.prefilling:
             if self.reserving:
-                self._reserved = self.ratio * sum(
-                    min(self._remaining(r), CLIP_MAX_NEW_TOKENS) for r in e.running.values())
+                self._running_reserve, self._batch, self._batch_new = None, [], 0.0
             mixed = self.sched.enable_mixed_chunk and e.n_decoding > 0
             chunks = self.fill(self.sched.token_budget - (e.n_decoding if mixed else 0))
             if chunks:
