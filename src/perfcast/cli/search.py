@@ -147,7 +147,9 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
         note(f"note: {text}")
     system = load_system(a.device)
     revision = load_calibration(a.calibration)
-    bk = load_backend(a.backend)
+    bk = load_backend(a.backend, a.backend_version, system=system)
+    if bk.version_note and a.backend_version:   # a version given but not matched
+        note(f"note: {bk.version_note}")
     fitted = backend_overheads(revision, bk.name)
     tps, dps = _ints(a.tp_sizes, "--tp-sizes"), _ints(a.dp_sizes, "--dp-sizes")
     eps = (_ints(a.ep_sizes, "--ep-sizes") if a.ep_sizes is not None
@@ -168,7 +170,8 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     evidence = ({"root": str(evidence_root), "backend": bk.name,
                  "version": _evidence_version(space, system.name)}
                 if evidence_root else None)
-    return search_report(space, spec, system, bk.name, cands, a.top_n, calib, evidence), cands
+    return search_report(space, spec, system, bk.name, cands, a.top_n, calib, evidence,
+                         backend_defaults=bk), cands
 
 
 def _evidence_version(space, system: str) -> str | None:
@@ -200,8 +203,10 @@ def search_progress():
 
 
 def search_report(space, spec, system, backend: str, cands, top_n: int, calibration: str,
-                  evidence: dict | None) -> dict:
-    """The search as JSON: inputs, SLOs, results, failures, provenance."""
+                  evidence: dict | None, backend_defaults=None) -> dict:
+    """The search as JSON: inputs, SLOs, results, failures, provenance;
+    `backend_defaults` (BackendDefaults) names the version range the layouts used."""
+    from perfcast.serving.backends import defaults_json
     from perfcast.serving.provenance import provenance_json
     from perfcast.serving.search import (candidate_json, failure_counts, nearest_misses,
                                          search_provenance, top)
@@ -212,6 +217,8 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
         "inputs": {"model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
                    "device": system.name, "system_digest": system.digest, "backend": backend,
                    "backend_version": space.backend_version or None, "gpus": space.gpus,
+                   "backend_defaults": (defaults_json(backend_defaults)
+                                        if backend_defaults is not None else None),
                    "isl": space.isl, "osl": space.osl, "range_ratio": space.range_ratio,
                    "client": {"kind": "closed_loop", "concurrencies": list(space.concurrencies),
                               "requests_per_client": space.prompts_per_concurrency},
@@ -252,6 +259,7 @@ def configuration_row(c, statistic: str) -> dict:
 
 
 def print_search(doc: dict, console: Console) -> None:
+    from perfcast.serving.backends import defaults_lines
     from perfcast.serving.provenance import provenance_lines
     from perfcast.serving.search import FAILURE_REASONS
 
@@ -260,6 +268,7 @@ def print_search(doc: dict, console: Console) -> None:
     for line in (f"model      {inp['model']} ({inp['model_digest'][:19]})",
                  f"device     {inp['device']} ({inp['system_digest'][:19]}), {inp['gpus']} GPUs",
                  f"backend    {inp['backend']} {inp['backend_version'] or '(version not given)'}",
+                 *defaults_lines(inp.get("backend_defaults")),
                  f"clients    closed loop, concurrency "
                  f"{','.join(map(str, inp['client']['concurrencies']))}, "
                  f"{inp['client']['requests_per_client']} requests per client",

@@ -211,7 +211,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     """(the `perfcast serve --format json` document, the ServingResult) of `a`;
     `note(text)` receives the model's and the evidence's notes."""
     from perfcast.hardware import load_system
-    from perfcast.serving.backends import load_backend
+    from perfcast.serving.backends import defaults_json, load_backend
     from perfcast.serving.deploy import Pool, ServeConfig, run_serving
     from perfcast.serving.pipeline import pipeline_report
     from perfcast.serving.provenance import provenance_json, tallied
@@ -237,7 +237,9 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                                     kv_cache_dtype=a.kv_cache_dtype)
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
-    bk = load_backend(a.backend)
+    bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.tp, pp=plan.pp)
+    if bk.version_note and a.backend_version:   # a version given but not matched
+        note(f"note: {bk.version_note}")
     bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(
         policy=a.policy, token_budget=a.token_budget,
         max_running_requests=a.max_running_requests, chunked_prefill=a.chunked_prefill)
@@ -285,6 +287,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         "model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
         "device": system.name, "system_digest": system.digest,
         "backend": bk.name, "backend_version": a.backend_version or None,
+        "backend_defaults": defaults_json(bk),
         "mode": a.mode, "layout": _layout(plan, a.workers, decode_pool),
         "precision": {"weight": precision.weight, "activation": precision.activation,
                       "kv_cache": precision.kv_cache},
@@ -303,7 +306,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         "prefix_cache": prefix_cache_inputs(a.prefix_cache_hit_rate, trace, result),
         "interpolate": not a.exact,
         "speculative": speculative_json(spec_cfg),
-        "notes": list(spec.notes)}
+        "notes": list(spec.notes) + ([bk.version_note] if bk.version_note else [])}
     metrics["provenance"] = provenance_json(
         tally.rows(), tally.queries if wrapped else None,
         calibration=metrics["calibration"], evidence=evidence)
@@ -501,6 +504,8 @@ def _read_trace(path: Path) -> list[float]:
 
 def input_lines(inputs: dict) -> list[str]:
     """What was simulated, one short line per input, for the table output."""
+    from perfcast.serving.backends import defaults_lines
+
     lay, c = inputs["layout"], inputs["client"]
     layout = f"{inputs['mode']} {lay['workers']}x tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']}"
     if "decode" in lay:
@@ -534,6 +539,7 @@ def input_lines(inputs: dict) -> list[str]:
             f"layout     {layout}",
             f"backend    {inputs['backend']} {inputs['backend_version'] or '(version not given)'}"
             f", {inputs['scheduler']['policy']}",
+            *defaults_lines(inputs.get("backend_defaults")),
             f"precision  weights {p['weight']}, activations {p['activation']}, "
             f"KV {p['kv_cache']}",
             f"clients    {clients}; {c['num_requests']} requests (+{c['warmup_requests']} "

@@ -3,10 +3,18 @@
 Each value in those files carries a `<field>_source` line; the loader refuses a file
 whose numeric field lacks one, so that no constant enters the simulator unexplained.
 Users can pass their own YAML path instead of a built-in name.
+
+A file may hold `version_ranges`: engine releases whose defaults differ from the base
+sections, each range overriding some fields (every overriding value with its source),
+and `when` entries that override fields for deployments matching conditions (GPU
+memory, device, TP/PP), at file level or inside a range. `load_backend(name, version,
+system=..., tp=..., pp=...)` applies the base, the matching file-level `when` entries,
+the range the version selects and its matching `when` entries, in that order.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
@@ -140,6 +148,10 @@ class BackendDefaults:
     cuda_graph: CudaGraphConfig
     overheads: Overheads
     source: str = ""
+    version: str = ""          # the engine version asked for ("" : none given)
+    version_range: str = ""    # the range whose defaults apply ("" : the file has none)
+    version_note: str = ""     # why that range, when the version is not inside it
+    conditions: tuple[str, ...] = ()   # `when` entries applied, each with its source
 
     def with_scheduler(self, **changes) -> BackendDefaults:
         changes = {k: v for k, v in changes.items() if v is not None}
@@ -150,13 +162,36 @@ class BackendDefaults:
         return replace(self, overheads=replace(self.overheads, **changes)) if changes else self
 
 
+def defaults_json(backend: BackendDefaults) -> dict:
+    """Which engine defaults a run used: the version range, why it (note), and the
+    deployment-dependent entries applied, for the serve and search records."""
+    return {"file": Path(backend.source).name if backend.source else None,
+            "version_range": backend.version_range or None,
+            "note": backend.version_note or None, "conditions": list(backend.conditions)}
+
+
+def defaults_lines(defaults: dict | None) -> list[str]:
+    """The table-output lines of `defaults_json` (the range, and the note if any)."""
+    if not defaults or not defaults.get("version_range"):
+        return []
+    lines = [f"defaults   {defaults['file']} range {defaults['version_range']}"]
+    if defaults.get("note"):
+        lines.append(f"           note: {defaults['note']}")
+    return lines
+
+
 def builtin_backends() -> list[str]:
     folder = Path(str(resources.files("perfcast.serving").joinpath("backends")))
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
-def load_backend(name_or_path: str) -> BackendDefaults:
-    """A built-in backend name (vllm, sglang, trtllm) or a YAML file of the same layout."""
+def load_backend(name_or_path: str, version: str = "", *, system=None,
+                 tp: int | None = None, pp: int | None = None) -> BackendDefaults:
+    """A built-in backend name (vllm, sglang, trtllm) or a YAML file of the same layout,
+    with the defaults of engine release `version` (its range, or the nearest one with a
+    note) for a deployment on `system` (a `hardware.System`; its device memory and name
+    select `when` entries) laid out with `tp` x `pp`. Facts not given match no
+    condition that needs them."""
     path = Path(name_or_path)
     if not path.is_file():
         folder = Path(str(resources.files("perfcast.serving").joinpath("backends")))
@@ -164,13 +199,225 @@ def load_backend(name_or_path: str) -> BackendDefaults:
         if not path.is_file():
             raise ConfigError(f"unknown backend {name_or_path!r}", field="backend",
                               expected="a YAML path or one of " + ", ".join(builtin_backends()))
-    return _load_file(str(path.resolve()), path.stat().st_mtime_ns)
+    memory_gib = system.device.memory.capacity_bytes / 2**30 if system is not None else None
+    device = system.name if system is not None else None
+    return _load_selected(str(path.resolve()), path.stat().st_mtime_ns, version.strip(),
+                          _Deployment(memory_gib, device, tp, pp))
+
+
+@dataclass(frozen=True)
+class _Deployment:
+    """The facts `when` conditions test (None: not known to the caller)."""
+
+    memory_gib: float | None = None
+    device: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+
+
+SECTIONS = ("scheduler", "kv_cache", "cuda_graph", "overheads")
+CONDITIONS = ("memory_gib_at_least", "memory_gib_below", "devices", "devices_excluded",
+              "tp_at_least", "tp_below", "pp_at_least")
+_VERSION = re.compile(r"v?\d+(\.\d+)*((a|b|rc|dev|post|\.post|\.dev)\d*)*")
+
+
+@lru_cache(maxsize=256)
+def _load_selected(path: str, mtime_ns: int, version: str, where: _Deployment) -> BackendDefaults:
+    """Parsed once per file version, engine version and deployment facts
+    (BackendDefaults is immutable)."""
+    doc, ranges = _load_file(path, mtime_ns)
+    merged = {k: dict(doc[k]) for k in SECTIONS}
+    applied = _apply_when(merged, doc.get("when"), where)
+    chosen, note = select_range(ranges, version)
+    if chosen is not None:
+        _override(merged, chosen.entry)
+        applied += _apply_when(merged, chosen.entry.get("when"), where)
+    out = _parse({**doc, **merged}, path)
+    return replace(out, version=version, version_range=chosen.label if chosen else "",
+                   version_note=note, conditions=tuple(applied))
 
 
 @lru_cache(maxsize=64)
-def _load_file(path: str, mtime_ns: int) -> BackendDefaults:
-    """Parsed once per file version (BackendDefaults is immutable)."""
-    return _parse(yaml.safe_load(Path(path).read_text(encoding="utf-8")), path)
+def _load_file(path: str, mtime_ns: int) -> tuple[dict, tuple[VersionRange, ...]]:
+    """The file's document (its base checked by parsing it) and its version ranges."""
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    _parse(doc, path)
+    _check_when(doc.get("when"), path, "when")
+    return doc, _ranges(doc.get("version_ranges"), path)
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """Engine releases `since` <= v < `until` (either end open when empty)."""
+
+    since: str
+    until: str
+    default: bool
+    entry: dict
+
+    @property
+    def label(self) -> str:
+        if self.since and self.until:
+            return f">={self.since},<{self.until}"
+        return f">={self.since}" if self.since else f"<{self.until}"
+
+    def contains(self, key: tuple) -> bool:
+        return ((not self.since or key >= _key(self.since))
+                and (not self.until or key < _key(self.until)))
+
+
+def is_version(text: str) -> bool:
+    """A release number such as 0.5.8.post1 or 1.2.0rc6 (not a label like glm5-hopper)."""
+    return bool(_VERSION.fullmatch(text.lower()))
+
+
+_STAGE = {"dev": 0, "a": 1, "b": 2, "rc": 3, "": 4, "post": 5}
+
+
+def _key(text: str) -> tuple:
+    """Order of a release number: 1.2.0rc6 < 1.2.0 < 1.2.0.post1 < 1.2.1."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)(.*)", text.lower())
+    release = tuple(int(x) for x in m.group(1).split("."))
+    release += (0,) * (4 - len(release))
+    tags = tuple((_STAGE[t], int(n or 0))
+                 for t, n in re.findall(r"(dev|a|b|rc|post)(\d*)", m.group(2)))
+    if not tags or tags[0][0] == _STAGE["post"]:
+        tags = ((_STAGE[""], 0),) + tags
+    return release, tags
+
+
+def _release_gap(a: str, b: str) -> tuple:
+    """How far apart two releases are, major first (0.18 is 4 minor releases from 0.14)."""
+    return tuple(abs(x - y) for x, y in zip(_key(a)[0][:3], _key(b)[0][:3]))
+
+
+def select_range(ranges: tuple[VersionRange, ...], version: str
+                 ) -> tuple[VersionRange | None, str]:
+    """The range whose defaults apply to `version`, and a note when `version` is not
+    inside it: no version or a label that is no release number takes the file's default
+    range; a release older (newer) than every range takes the first (last) range, one in
+    a gap between ranges the range with the nearer end by release numbers (ties to the
+    older range)."""
+    if not ranges:
+        return None, ""
+    default = next(r for r in ranges if r.default)
+    if not version or not is_version(version):
+        what = "no engine version given" if not version else (
+            f"backend version {version!r} is not a release number")
+        return default, f"{what}: defaults of the default range {default.label} used"
+    key = _key(version)
+    for r in ranges:
+        if r.contains(key):
+            return r, ""
+    if ranges[0].since and key < _key(ranges[0].since):
+        best, where = ranges[0], "older than every range"
+    elif ranges[-1].until and key >= _key(ranges[-1].until):
+        best, where = ranges[-1], "newer than every range"
+    else:   # in a gap: the range with the nearer end (ties to the older)
+        best = min(ranges, key=lambda r: min(_release_gap(version, e)
+                                             for e in (r.since, r.until) if e))
+        where = "between ranges"
+    return best, (f"backend version {version} is {where} of the file: defaults of the "
+                  f"nearest range {best.label} used")
+
+
+def _ranges(value: object, source: str) -> tuple[VersionRange, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ConfigError("is not a non-empty list", source=source, field="version_ranges")
+    out = []
+    for i, entry in enumerate(value):
+        field = f"version_ranges[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError("is not a mapping", source=source, field=field)
+        since, until = str(entry.get("since") or ""), str(entry.get("until") or "")
+        if not since and not until:
+            raise ConfigError("has neither 'since' nor 'until'", source=source, field=field)
+        for end in (since, until):
+            if end and not is_version(end):
+                raise ConfigError(f"{end!r} is not a release number", source=source,
+                                  field=field)
+        if since and until and _key(since) >= _key(until):
+            raise ConfigError(f"since {since} is not before until {until}", source=source,
+                              field=field)
+        if not str(entry.get("source") or "").strip():
+            raise ConfigError("has no source", source=source, field=f"{field}.source",
+                              expected="release notes or code defaults naming what changed")
+        _check_overrides(entry, source, field)
+        _check_when(entry.get("when"), source, f"{field}.when")
+        out.append(VersionRange(since, until, bool(entry.get("default", False)), entry))
+    out.sort(key=lambda r: _key(r.since or r.until))
+    for a, b in zip(out, out[1:]):
+        if not a.until or not b.since or _key(a.until) > _key(b.since):
+            raise ConfigError(f"ranges {a.label} and {b.label} overlap", source=source,
+                              field="version_ranges")
+    if sum(r.default for r in out) != 1:
+        raise ConfigError("must mark exactly one range 'default: true'", source=source,
+                          field="version_ranges",
+                          expected="the range used when no release number is given")
+    return tuple(out)
+
+
+def _check_overrides(entry: dict, source: str, field: str) -> None:
+    """Every overriding value needs its `<name>_source` (booleans and strings too)."""
+    for key in SECTIONS:
+        section = entry.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise ConfigError("is not a mapping", source=source, field=f"{field}.{key}")
+        for name in section:
+            if name.endswith("_source"):
+                continue
+            if f"{name}_source" not in section and not _sourced_by_prefix(name, section):
+                raise ConfigError("has no source line", source=source,
+                                  field=f"{field}.{key}.{name}",
+                                  expected=f"a '{name}_source' entry naming where it comes from")
+
+
+def _check_when(value: object, source: str, field: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise ConfigError("is not a list", source=source, field=field)
+    for i, entry in enumerate(value):
+        where = f"{field}[{i}]"
+        cond = entry.get("if") if isinstance(entry, dict) else None
+        if not isinstance(cond, dict) or not cond or set(cond) - set(CONDITIONS):
+            raise ConfigError("needs an 'if' mapping of known conditions", source=source,
+                              field=f"{where}.if", expected=" | ".join(CONDITIONS))
+        if not str(entry.get("source") or "").strip():
+            raise ConfigError("has no source", source=source, field=f"{where}.source")
+        _check_overrides(entry, source, where)
+
+
+def _apply_when(merged: dict, value: object, where: _Deployment) -> list[str]:
+    applied = []
+    for entry in value or ():
+        if _matches(entry["if"], where):
+            _override(merged, entry)
+            cond = ", ".join(f"{k} {v}" for k, v in entry["if"].items())
+            applied.append(f"{cond}: {entry['source']}")
+    return applied
+
+
+def _matches(cond: dict, where: _Deployment) -> bool:
+    tests = {
+        "memory_gib_at_least": lambda v: where.memory_gib is not None and where.memory_gib >= v,
+        "memory_gib_below": lambda v: where.memory_gib is not None and where.memory_gib < v,
+        "devices": lambda v: where.device is not None and where.device in v,
+        "devices_excluded": lambda v: where.device is not None and where.device not in v,
+        "tp_at_least": lambda v: where.tp is not None and where.tp >= v,
+        "tp_below": lambda v: where.tp is not None and where.tp < v,
+        "pp_at_least": lambda v: where.pp is not None and where.pp >= v,
+    }
+    return all(tests[k](v) for k, v in cond.items())
+
+
+def _override(merged: dict, entry: dict) -> None:
+    for key in SECTIONS:
+        merged[key].update(entry.get(key) or {})
 
 
 def _section(doc: dict, key: str, source: str) -> dict:

@@ -169,7 +169,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     cache = cache or StepModelCache()
     model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
-    backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(cfg.backend)
+    backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(
+        cfg.backend, cfg.backend_version, system=system, tp=cfg.pool.plan.tp, pp=cfg.pool.plan.pp)
     context = evidence_context or CostQueryContext(runtime=backend.name,
                                                    runtime_revision=cfg.backend_version)
     lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)

@@ -154,10 +154,10 @@ def _evidence(root: str, system: str, backend: str, version: str):
 def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
     """Simulate one layout at every concurrency of the space (one shared cost cache)."""
     model = space.model if isinstance(space.model, ModelSpec) else load_model_spec(space.model)
+    from perfcast.hardware import load_system
+
     providers, context = (), None
     if space.evidence_root:
-        from perfcast.hardware import load_system
-
         ev = _evidence(space.evidence_root, load_system(space.system).name, space.backend,
                        space.backend_version)
         providers, context = ev.providers, (ev.context if ev.providers else None)
@@ -166,7 +166,9 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
     out = []
     for c in space.concurrencies:
         cand = Candidate(layout.label(), layout.mode, layout.gpus, c)
-        backend = load_backend(space.backend).with_overheads(**dict(space.overheads))
+        backend = load_backend(space.backend, space.backend_version,
+                               system=load_system(space.system), tp=layout.plan.tp,
+                               pp=layout.plan.pp).with_overheads(**dict(space.overheads))
         cfg = ServeConfig(model=model, system=space.system, backend=backend,
                           backend_version=space.backend_version, mode=layout.mode,
                           pool=Pool(layout.plan, layout.workers),

@@ -271,14 +271,6 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     bad = rules.get("known_bad_versions", {}).get(name, {})
     if version in bad:
         raise RowError(bad[version])
-    try:
-        backend = load_backend(name)
-    except ConfigError as exc:
-        raise RowError(str(exc)) from None
-    if overheads and name in overheads:
-        backend = backend.with_overheads(**overheads[name])
-    if not version:
-        notes.append("backend_version empty: engine defaults of the backend file used")
     isl, osl = _int(row, "isl"), _int(row, "osl")
     if isl < 1 or osl < 1:
         raise RowError("isl and osl must be >= 1")
@@ -297,6 +289,15 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         raise RowError(f"mode {mode!r} is neither agg nor disagg")
     if conc < 1:
         raise RowError("concurrency is zero")
+    lead = decode_pool or pool   # the pool whose steps set TPOT
+    try:
+        backend = load_backend(name, version, system=system, tp=lead.plan.tp, pp=lead.plan.pp)
+    except ConfigError as exc:
+        raise RowError(str(exc)) from None
+    if overheads and name in overheads:
+        backend = backend.with_overheads(**overheads[name])
+    if backend.version_note:
+        notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
     sched_changes: dict = {}
