@@ -259,7 +259,8 @@ def llama_pp2():
 
 def test_stage_times_add_up_to_the_serial_step_of_the_same_graphs(llama_pp2):
     _, serial, staged = llama_pp2
-    for shape in (StepShape(8, 700.0), StepShape(1, 3.0), StepShape(32, 2000.0, ((512, 0),)),
+    for shape in (StepShape(8, 700.0), StepShape(1, 3.0), StepShape(5, 700.5),
+                  StepShape(13, 0.5), StepShape(32, 2000.0, ((512, 0),)),
                   StepShape(0, 0.0, ((4096, 1024),))):
         times = staged.stage_times(shape)
         assert times.serial_s == pytest.approx(serial.step_s(shape), rel=1e-12)

@@ -136,6 +136,10 @@ class StagedStepCostModel(StepCostModel):
     kept split by stage, so an iteration also has per-stage times (kernel time plus
     the launch gap of each kernel, as `gpu_s` prices the whole step)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._node_slots: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+
     def _part_of(self, tasks) -> StagedPart:
         return stage_split(costed_tasks(tasks, self.resolver, self.system.name, self.context),
                            self.plan.pp)
@@ -147,12 +151,30 @@ class StagedStepCostModel(StepCostModel):
     def stage_times(self, shape: StepShape) -> StageTimes:
         if shape.tokens <= 0:
             raise ValueError("an engine step needs at least one token")
-        part, padded = self.kernel_parts(shape)
-        slots = self._slots(part, padded)
+        if shape.prefill or not self.interpolate:
+            part, padded = self.kernel_parts(shape)
+            slots = self._slots(part, padded)
+        else:
+            slots = self._decode_slots(shape.decode_requests, shape.decode_context)
         gpu = sum(slots)
         pp = self.plan.pp
         return StageTimes(float(self.with_host(gpu, shape.sequences)) - gpu,
                           tuple(slots[:pp]), tuple(slots[pp:]))
+
+    def _decode_slots(self, requests: int, context: float) -> list[float]:
+        """Slot times of a decode-only iteration, interpolated: its terms are linear in
+        the context between two grid nodes, so the slots at the two nodes (kept per
+        node pair) give every context in between."""
+        lo, hi, w = self._bracket(max(context, 1.0))
+        key = (requests, lo)
+        ends = self._node_slots.get(key)
+        if ends is None:
+            padded = self.graph_padded(StepShape(requests, float(lo)))
+            fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
+            ends = self._node_slots[key] = tuple(
+                self._slots(fixed + self.attn_decode(requests, float(n)), padded) for n in (lo, hi))
+        a, b = ends
+        return [x + w * (y - x) for x, y in zip(a, b)] if w else list(a)
 
     def decode_run_times(self, requests: int, context0: float, steps: int) -> list[StageTimes]:
         """Stage times of `steps` consecutive decode-only iterations of `requests`
