@@ -231,7 +231,8 @@ def disagg_section(systems: list[str], evidence_root: Path | None, configs: Path
                 for r in res:
                     if r.reason:
                         reasons[r.reason] = reasons.get(r.reason, 0) + 1
-        label = "none" if doc["calibration"] == "none" else f"default {doc['calibration'][:8]}"
+        digest = doc["calibration"].split(":")[-1]
+        label = "none" if doc["calibration"] == "none" else f"default {digest[:8]}"
         columns[label] = column
     print("== disagg rows: coverage of all rows / of rows with worker counts; TTFT and TPOT "
           "MAPE / median APE (nothing fitted on disagg rows: held out)")
