@@ -50,6 +50,17 @@ class EngineStats:
     split_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
 
+def run_sum(durations) -> float:
+    """Seconds of a run of iterations: numpy's sum of an array; a short list
+    (StepCostModel.decode_run_head) summed one after another, as numpy sums so few."""
+    if type(durations) is not list:
+        return float(durations.sum())
+    total = 0.0
+    for d in durations:
+        total += d
+    return total
+
+
 class Engine:
     def __init__(self, name: str, cost: StepCostModel, scheduler: SchedulerConfig,
                  kv: KVCacheConfig, kv_capacity_tokens: int, *, role: Role | str = Role.AGG,
@@ -306,20 +317,26 @@ class Engine:
             k = min(k, cap)
         k = max(k, 1)
         pipe = self.pipeline
-        if pipe is None:
-            durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
         limit = horizon_s
         if self.pending:
             limit = min(limit, self.pending[0][0])
-        if pipe is not None:   # iterations on the shared stages, reserved one by one
+        head = None
+        run_head = getattr(self.cost, "decode_run_head", None)
+        if run_head is not None and pipe is None and limit < float("inf") and k > 1:
+            head = run_head(n, self.sum_ctx / n, k, self.clock, limit)
+        if head is not None:   # a run cut short by the horizon, in plain floats (same values)
+            durations, k = head, len(head)
+        elif pipe is not None:   # iterations on the shared stages, reserved one by one
             durations = pipe.decode_run(self.clock, n, self.sum_ctx / n, k, limit)
             k = len(durations)
-        elif limit < float("inf") and k > 1:
-            starts = self.clock + np.concatenate(([0.0], np.cumsum(durations[:-1])))
-            k = max(1, int(np.searchsorted(starts, limit, side="left")))
-            durations = durations[:k]
+        else:
+            durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
+            if limit < float("inf") and k > 1:
+                starts = self.clock + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+                k = max(1, int(np.searchsorted(starts, limit, side="left")))
+                durations = durations[:k]
         start = self.clock
-        total = float(durations.sum())
+        total = run_sum(durations)
         self._account(start, total, StepShape(n, self.sum_ctx / n), steps=k,
                       kv_growth=self._grown(n * (k - 1) / 2))
         end = start + total
@@ -328,9 +345,10 @@ class Engine:
         return events
 
     def _decode_tokens(self, end: float, steps: int, durations, total: float) -> list[Event]:
-        """Every decoding request emits `steps` tokens; the last ends at `end`."""
+        """Every decoding request emits `steps` tokens; the last ends at `end`.
+        `durations`: None (one step), a numpy array or a short list (decode_run_head)."""
         n = self.n_decoding
-        first_end = end if durations is None else end - float(durations[1:].sum())
+        first_end = end if durations is None else end - run_sum(durations[1:])
         # ITL samples: newcomers measured from their last token, the rest from the
         # previous decode iteration, then `steps - 1` more iterations for everyone
         st = self.stats
@@ -345,7 +363,8 @@ class Engine:
             st.itl_values.append(first_end - self.last_decode_end)
             st.itl_weights.append(float(measured_old))
         if durations is not None and steps > 1 and self.n_measured_decoding:
-            st.itl_values.extend(durations[1:].tolist())
+            st.itl_values.extend(durations[1:] if type(durations) is list
+                                 else durations[1:].tolist())
             st.itl_weights.extend([float(self.n_measured_decoding)] * (steps - 1))
         self.newcomers = []
         self.counter += steps

@@ -54,6 +54,9 @@ def grid_nodes(limit: int, *, with_zero: bool = False) -> list[int]:
 
 _NODES = grid_nodes(1 << 26)
 _NODES0 = [0, *_NODES]
+# longest decode run StepCostModel.decode_run_head returns: numpy sums arrays of up to 7
+# floats one after another (longer ones pairwise), so plain sums match them bit for bit
+RUN_HEAD_MAX = 7
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,11 @@ class StepCostModel:
         self.dp = plan.dp
         self._terms: dict[tuple, Part] = {}   # memo of terms by primitive shape keys
         self._last_parts: tuple = (None, None, None)
+        self._fixed: dict[int, tuple[Part, int | None]] = {}   # decode_run_head's, by requests
+        self._decode_ys: dict[int, dict[int, float]] = {}      # its grid-node latencies
+        cls = type(self)   # decode_run_head mirrors these two (not a subclass's own)
+        self._run_head = interpolate and cls.decode_run_s is StepCostModel.decode_run_s \
+            and cls.with_host is StepCostModel.with_host
 
     # -- exact terms (one costed graph per key) -----------------------------------------
     def _split(self, batch: Batch, context_tasks: bool) -> Part:
@@ -356,6 +364,66 @@ class StepCostModel:
                                   padded)
                        for n in nodes])
         return self.with_host(np.interp(np.maximum(contexts, 1.0), xs, ys), requests)
+
+    def decode_run_head(self, requests: int, context0: float, steps: int, clock: float,
+                        limit: float) -> list[float] | None:
+        """The iterations of `decode_run_s(requests, context0, steps)` that start before
+        `limit` (at least one) when there are at most RUN_HEAD_MAX of them, in plain
+        floats and bit-identical to the array path (same interpolation formula, same
+        sequential sums as numpy's for short arrays); None when there are more, without
+        interpolation, or for a subclass with its own decode_run_s or with_host. The terms the array path would cost are costed here too,
+        in the same order."""
+        if not self._run_head:
+            return None
+        fixed_padded = self._fixed.get(requests)
+        if fixed_padded is None:
+            padded = self.graph_padded(StepShape(requests, context0))
+            fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
+            fixed_padded = self._fixed[requests] = (fixed, padded)
+        fixed, padded = fixed_padded
+        ov = self.overheads
+        host = ov.step_overhead_s + ov.per_request_overhead_s * requests
+        overlapped = ov.host_overlapped
+        gpu_s = self.gpu_s
+        if steps <= 2:   # each step at its own context, as decode_run_s costs them
+            short = [gpu_s(fixed + self.attn_decode(requests, context0 + float(i)), padded)
+                     for i in range(steps)]
+
+            def node_y(c: float, i: int) -> float:
+                return short[i]
+        else:
+            ys = self._decode_ys.setdefault(requests, {})
+            lo_c = max(context0, 1.0)
+            hi_c = max(context0 + float(steps - 1), 1.0)
+            i0 = max(bisect.bisect_right(_NODES, lo_c) - 1, 0)
+            i1 = bisect.bisect_left(_NODES, hi_c)
+            for n in _NODES[i0: i1 + 1]:   # the terms decode_run_s costs, in its order
+                if n not in ys:
+                    ys[n] = gpu_s(fixed + self._memo(("idec", requests, n),
+                                                     lambda n=n: self.attn_decode(requests, n)),
+                                  padded)
+
+            def node_y(c: float, i: int) -> float:   # np.interp's formula on the grid segment
+                x = max(c, 1.0)
+                j = bisect.bisect_right(_NODES, x, i0, i1 + 1) - 1
+                x0 = _NODES[j]
+                if x == x0 or j == i1:
+                    return ys[x0]
+                x1 = _NODES[j + 1]
+                y0 = ys[x0]
+                return (ys[x1] - y0) / (x1 - x0) * (x - x0) + y0
+        out: list[float] = []
+        cum = 0.0
+        for i in range(steps):
+            if i and clock + cum >= limit:
+                break
+            if i == RUN_HEAD_MAX:
+                return None
+            g = node_y(context0 + float(i), i)
+            d = (g if g >= host else host) if overlapped else g + host
+            out.append(d)
+            cum = d if i == 0 else cum + d
+        return out
 
     # -- memory facts -----------------------------------------------------------------------
     def memory_facts(self):
