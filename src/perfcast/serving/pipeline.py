@@ -265,7 +265,7 @@ class PipelinedCost:
         return self.occupancy.reserve(start_s, self.step.stage_times(shape))
 
     def decode_run(self, start_s: float, requests: int, context0: float, steps: int,
-                   limit_s: float) -> np.ndarray:
+                   limit_s: float) -> list[float]:
         """Durations (start to end, stage waits included) of up to `steps` consecutive
         decode-only iterations of `requests` requests at mean context `context0` (+1
         per step), each after the previous; every one after the first starts before
@@ -281,7 +281,7 @@ class PipelinedCost:
                 out.append(end - t)
                 if end >= limit_s:
                     break
-        return np.array(out)
+        return out
 
 
 def virtual_engines(replica: str, step: StagedStepCostModel, scheduler: SchedulerConfig,
