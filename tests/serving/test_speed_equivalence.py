@@ -88,3 +88,16 @@ def test_simulations_are_identical_with_and_without_the_short_run_path(monkeypat
     slow_times, slow_metrics = _times(monkeypatch, False, **kw)
     assert [(r.rid, r.first_token_s, r.finish_s) for r in fast.finished] == slow_times
     assert fast.metrics.to_json() == slow_metrics
+
+
+def test_search_through_ray_equals_local_processes():
+    """`--executor ray` (a local cluster, started here) gives the same candidates."""
+    pytest.importorskip("ray")
+    from perfcast.serving.search import SearchSpace, candidate_json, search
+
+    space = SearchSpace(model="Qwen/Qwen3-0.6B", gpus=2, isl=256, osl=32,
+                        concurrencies=(2, 8), tp_sizes=(1, 2), prompts_per_concurrency=2)
+    local = [candidate_json(c) for c in search(space, executor="local", workers=2)]
+    ray = [candidate_json(c) for c in search(space, executor="ray")]
+    assert len(local) == 6 and not any(c["error"] for c in local)
+    assert ray == local
