@@ -50,6 +50,8 @@ def search_command(
     concurrency: Annotated[str, typer.Option(help="closed-loop client concurrencies to try")
                            ] = "4,8,16,32,64,128",
     tp_sizes: Annotated[str, typer.Option("--tp-sizes")] = "1,2,4,8",
+    pp_sizes: Annotated[str, typer.Option("--pp-sizes", help="pipeline-parallel sizes "
+                                          "(stages pipelined as in `serve --pp-size`)")] = "1",
     dp_sizes: Annotated[str, typer.Option("--dp-sizes", help="attention-DP sizes")] = "1",
     ep_sizes: Annotated[Optional[str], typer.Option(
         "--ep-sizes", help="expert-parallel sizes (default: 1; MoE models also EP = TP x DP)")
@@ -81,9 +83,9 @@ def search_command(
         args = SearchArgs(
             model=model, device=device, backend=backend, backend_version=backend_version,
             gpus=gpus, isl=isl, osl=osl, concurrency=concurrency, tp_sizes=tp_sizes,
-            dp_sizes=dp_sizes, ep_sizes=ep_sizes, modes=modes, max_ttft_ms=max_ttft_ms,
-            max_tpot_ms=max_tpot_ms, slo_percentile=slo_percentile, top_n=top_n,
-            executor=executor, workers=workers,
+            pp_sizes=pp_sizes, dp_sizes=dp_sizes, ep_sizes=ep_sizes, modes=modes,
+            max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, slo_percentile=slo_percentile,
+            top_n=top_n, executor=executor, workers=workers,
             evidence_root=str(evidence_root) if evidence_root else None,
             calibration=calibration, allow_long_run=allow_long_run)
         with search_progress() as (on_start, on_done):
@@ -113,6 +115,7 @@ class SearchArgs:
     osl: int = 256
     concurrency: str = "4,8,16,32,64,128"
     tp_sizes: str = "1,2,4,8"
+    pp_sizes: str = "1"
     dp_sizes: str = "1"
     ep_sizes: Optional[str] = None
     modes: str = "agg,disagg"
@@ -158,7 +161,8 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     space = SearchSpace(
         model=spec, system=a.device, backend=a.backend,
         backend_version=a.backend_version, gpus=a.gpus, isl=a.isl, osl=a.osl,
-        concurrencies=concurrencies, tp_sizes=tps, dp_sizes=dps,
+        concurrencies=concurrencies, tp_sizes=tps, pp_sizes=_ints(a.pp_sizes, "--pp-sizes"),
+        dp_sizes=dps,
         ep_sizes=eps, modes=tuple(m.strip() for m in a.modes.split(",") if m.strip()),
         max_ttft_ms=a.max_ttft_ms, max_tpot_ms=a.max_tpot_ms, slo_statistic=statistic,
         evidence_root=str(evidence_root) if evidence_root else None,
@@ -222,7 +226,8 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
                    "isl": space.isl, "osl": space.osl, "range_ratio": space.range_ratio,
                    "client": {"kind": "closed_loop", "concurrencies": list(space.concurrencies),
                               "requests_per_client": space.prompts_per_concurrency},
-                   "tp_sizes": list(space.tp_sizes), "dp_sizes": list(space.dp_sizes),
+                   "tp_sizes": list(space.tp_sizes), "pp_sizes": list(space.pp_sizes),
+                   "dp_sizes": list(space.dp_sizes),
                    "ep_sizes": list(space.ep_sizes), "modes": list(space.modes),
                    "notes": list(spec.notes)},
         "slo": {"statistic": space.slo_statistic, "max_ttft_ms": space.max_ttft_ms,
@@ -273,7 +278,7 @@ def print_search(doc: dict, console: Console) -> None:
                  f"{','.join(map(str, inp['client']['concurrencies']))}, "
                  f"{inp['client']['requests_per_client']} requests per client",
                  f"layouts    {'/'.join(inp['modes'])}, TP {inp['tp_sizes']}, "
-                 f"DP {inp['dp_sizes']}, EP {inp['ep_sizes']}",
+                 f"PP {inp.get('pp_sizes', [1])}, DP {inp['dp_sizes']}, EP {inp['ep_sizes']}",
                  f"lengths    isl {inp['isl']}, osl {inp['osl']}, range ratio "
                  f"{inp['range_ratio']:g}",
                  "SLO        " + _slo_text(slo)):

@@ -55,6 +55,7 @@ class SearchSpace:
     range_ratio: float = 0.8
     concurrencies: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    pp_sizes: tuple[int, ...] = (1,)
     dp_sizes: tuple[int, ...] = (1,)
     ep_sizes: tuple[int, ...] = (1,)
     modes: tuple[str, ...] = ("agg", "disagg")
@@ -82,6 +83,8 @@ class Layout:
     def label(self) -> str:
         def p(plan: ParallelPlan) -> str:
             s = f"tp{plan.tp}"
+            if plan.pp > 1:
+                s += f"pp{plan.pp}"
             if plan.dp > 1:
                 s += f"dp{plan.dp}"
             if plan.ep > 1:
@@ -113,14 +116,15 @@ class Candidate:
 def _plans(space: SearchSpace, limit: int) -> list[ParallelPlan]:
     out = []
     for tp in space.tp_sizes:
-        for dp in space.dp_sizes:
-            for ep in space.ep_sizes:
-                if tp * dp > limit or (tp * dp) % ep:
-                    continue
-                try:
-                    out.append(ParallelPlan(tp=tp, dp=dp, ep=ep))
-                except ConfigError:
-                    continue
+        for pp in space.pp_sizes:
+            for dp in space.dp_sizes:
+                for ep in space.ep_sizes:
+                    if tp * pp * dp > limit or (tp * dp) % ep:
+                        continue
+                    try:
+                        out.append(ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep))
+                    except ConfigError:
+                        continue
     return out
 
 
