@@ -314,9 +314,9 @@ class StepCostModel:
         """Iteration time from its GPU time and the host's per-iteration work
         (`step_overhead_s + per_request_overhead_s x sequences`: scheduling, input
         preparation, sampling bookkeeping, response handling). An engine whose host
-        prepares iteration n+1 while n runs (`host_overlapped`: TRT-LLM's and SGLang's
-        overlap schedulers) takes the longer of the two; otherwise they add up. Works on
-        floats and numpy arrays."""
+        prepares iteration n+1 while n runs (`host_overlapped` in the backend file:
+        TRT-LLM's overlap scheduler, vLLM's async scheduling from 0.14) takes the longer
+        of the two; otherwise they add up. Works on floats and numpy arrays."""
         ov = self.overheads
         host = ov.step_overhead_s + ov.per_request_overhead_s * sequences
         return np.maximum(gpu_s, host) if ov.host_overlapped else gpu_s + host
