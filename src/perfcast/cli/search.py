@@ -16,6 +16,8 @@ from rich.table import Table
 from perfcast.cli.calibration_option import CalibrationOption, analytic_for, backend_overheads
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
+from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
+                                           NumSpeculativeTokensOption, SpeculativeOption)
 from perfcast.core.errors import ConfigError
 from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
 
@@ -62,6 +64,13 @@ def search_command(
     slo_percentile: Annotated[Optional[int], typer.Option(
         "--slo-percentile", help="judge the SLOs on the p50, p90 or p99 of each "
         "configuration's requests (default: the mean)")] = None,
+    prefix_cache_hit_rate: Annotated[Optional[float], typer.Option(
+        "--prefix-cache-hit-rate", help="fraction of each prompt found in the prefix cache "
+        "(as serve)")] = None,
+    speculative: SpeculativeOption = None,
+    num_speculative_tokens: NumSpeculativeTokensOption = 0,
+    acceptance: AcceptanceOption = None,
+    draft_model: DraftModelOption = None,
     top_n: Annotated[int, typer.Option("--top", help="configurations to list")] = 10,
     executor: Annotated[str, typer.Option(help="local (processes) | inline | ray")] = "local",
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
@@ -85,7 +94,9 @@ def search_command(
             gpus=gpus, isl=isl, osl=osl, concurrency=concurrency, tp_sizes=tp_sizes,
             pp_sizes=pp_sizes, dp_sizes=dp_sizes, ep_sizes=ep_sizes, modes=modes,
             max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, slo_percentile=slo_percentile,
-            top_n=top_n, executor=executor, workers=workers,
+            prefix_cache_hit_rate=prefix_cache_hit_rate, speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens, acceptance=acceptance,
+            draft_model=draft_model, top_n=top_n, executor=executor, workers=workers,
             evidence_root=str(evidence_root) if evidence_root else None,
             calibration=calibration, allow_long_run=allow_long_run)
         with search_progress() as (on_start, on_done):
@@ -122,6 +133,11 @@ class SearchArgs:
     max_ttft_ms: Optional[float] = None
     max_tpot_ms: Optional[float] = None
     slo_percentile: Optional[int] = None
+    prefix_cache_hit_rate: Optional[float] = None
+    speculative: Optional[str] = None
+    num_speculative_tokens: int = 0
+    acceptance: Optional[str] = None
+    draft_model: Optional[Path] = None
     top_n: int = 10
     executor: str = "local"
     workers: int = 0
@@ -158,6 +174,12 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     eps = (_ints(a.ep_sizes, "--ep-sizes") if a.ep_sizes is not None
            else default_ep_sizes(spec, tps, dps))
     evidence_root = Path(a.evidence_root) if a.evidence_root else None
+    from perfcast.cli.serve import speculative_config
+    from perfcast.serving.requests import DeclaredHitRate
+
+    if a.prefix_cache_hit_rate is not None:
+        DeclaredHitRate(a.prefix_cache_hit_rate)   # checks the range before any simulation
+    spec_decode = speculative_config(a)
     space = SearchSpace(
         model=spec, system=a.device, backend=a.backend,
         backend_version=a.backend_version, gpus=a.gpus, isl=a.isl, osl=a.osl,
@@ -167,7 +189,8 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
         max_ttft_ms=a.max_ttft_ms, max_tpot_ms=a.max_tpot_ms, slo_statistic=statistic,
         evidence_root=str(evidence_root) if evidence_root else None,
         overheads=tuple(sorted(fitted.items())), allow_long_run=a.allow_long_run,
-        extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)))
+        extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)),
+        prefix_cache_hit_rate=a.prefix_cache_hit_rate, speculative=spec_decode)
     cands = search(space, executor=a.executor, workers=a.workers or None,
                    on_start=on_start, on_done=on_done)
     calib = revision.digest if revision else "none"
@@ -210,6 +233,7 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
                   evidence: dict | None, backend_defaults=None) -> dict:
     """The search as JSON: inputs, SLOs, results, failures, provenance;
     `backend_defaults` (BackendDefaults) names the version range the layouts used."""
+    from perfcast.cli.serve import speculative_json
     from perfcast.serving.backends import defaults_json
     from perfcast.serving.provenance import provenance_json
     from perfcast.serving.search import (candidate_json, failure_counts, nearest_misses,
@@ -229,6 +253,8 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
                    "tp_sizes": list(space.tp_sizes), "pp_sizes": list(space.pp_sizes),
                    "dp_sizes": list(space.dp_sizes),
                    "ep_sizes": list(space.ep_sizes), "modes": list(space.modes),
+                   "prefix_cache_hit_rate": space.prefix_cache_hit_rate,
+                   "speculative": speculative_json(space.speculative),
                    "notes": list(spec.notes)},
         "slo": {"statistic": space.slo_statistic, "max_ttft_ms": space.max_ttft_ms,
                 "max_tpot_ms": space.max_tpot_ms},

@@ -17,6 +17,8 @@ from perfcast.cli.calibration_option import (CalibrationOption, analytic_for, ba
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.estimate import build_plan
+from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
+                                           NumSpeculativeTokensOption, SpeculativeOption)
 from perfcast.core.errors import ConfigError
 from perfcast.serving.provenance import provenance_lines
 from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
@@ -68,16 +70,10 @@ def serve_command(
     token_budget: Annotated[Optional[int], typer.Option("--token-budget")] = None,
     max_running_requests: Annotated[Optional[int], typer.Option("--max-running-requests")] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option("--chunked-prefill/--no-chunked-prefill")] = None,
-    speculative: Annotated[Optional[str], typer.Option(
-        "--speculative", help="speculative decoding: mtp | eagle | eagle3 | ngram")] = None,
-    num_speculative_tokens: Annotated[int, typer.Option(
-        "--num-speculative-tokens", help="draft tokens K per verify step")] = 0,
-    acceptance: Annotated[Optional[str], typer.Option(
-        "--acceptance", help="mean accepted draft tokens per verify step (0..K), or K "
-        "comma-separated per-position acceptance rates")] = None,
-    draft_model: Annotated[Optional[Path], typer.Option(
-        "--draft-model", help="EAGLE head config.json (default: one Llama layer of the "
-        "target's width)")] = None,
+    speculative: SpeculativeOption = None,
+    num_speculative_tokens: NumSpeculativeTokensOption = 0,
+    acceptance: AcceptanceOption = None,
+    draft_model: DraftModelOption = None,
     schedule_conservativeness: Annotated[Optional[float], typer.Option(
         "--schedule-conservativeness", help="prefill_first (SGLang): reserve running requests' "
         "future decode tokens when admitting (SGLang's default 1.0; 0 off)")] = None,

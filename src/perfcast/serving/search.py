@@ -28,6 +28,7 @@ from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_servi
 from perfcast.serving.metrics import STAT_KEYS
 from perfcast.serving.provenance import tallied
 from perfcast.serving.requests import check_request_count
+from perfcast.serving.speculative import SpeculativeConfig
 from perfcast.workload import ModelSpec, ParallelPlan, load_model_spec
 
 # why a configuration is not in the results (Candidate.failures)
@@ -65,6 +66,8 @@ class SearchSpace:
     prompts_per_concurrency: int = 5
     evidence_root: str | None = None
     allow_long_run: bool = False         # simulations above MAX_SIMULATED_REQUESTS
+    prefix_cache_hit_rate: float | None = None   # as serve --prefix-cache-hit-rate
+    speculative: SpeculativeConfig | None = None  # as serve --speculative (PP 1 layouts)
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,9 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
                           decode_pool=(Pool(layout.decode_plan, layout.decode_workers)
                                        if layout.decode_plan else None),
                           isl=space.isl, osl=space.osl, range_ratio=space.range_ratio,
-                          concurrency=c, num_requests=space.prompts_per_concurrency * c)
+                          concurrency=c, num_requests=space.prompts_per_concurrency * c,
+                          prefix_cache_hit_rate=space.prefix_cache_hit_rate,
+                          speculative=space.speculative)
         try:
             res = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache)
             cand.metrics = res.metrics.to_json()

@@ -1,0 +1,20 @@
+"""Options shared by `serve` and `search` (speculative decoding, prefix caching): one
+declaration, one help text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+SpeculativeOption = Annotated[Optional[str], typer.Option(
+    "--speculative", help="speculative decoding: mtp | eagle | eagle3 | ngram")]
+NumSpeculativeTokensOption = Annotated[int, typer.Option(
+    "--num-speculative-tokens", help="draft tokens K per verify step")]
+AcceptanceOption = Annotated[Optional[str], typer.Option(
+    "--acceptance", help="mean accepted draft tokens per verify step (0..K), or K "
+    "comma-separated per-position acceptance rates")]
+DraftModelOption = Annotated[Optional[Path], typer.Option(
+    "--draft-model", help="EAGLE head config.json (default: one Llama layer of the "
+    "target's width)")]
