@@ -142,7 +142,7 @@ def test_vllm_token_budget_follows_the_harness_recipe_of_the_exact_model_id():
     cfg, _ = _agg_row(**kw)
     assert cfg.backend.scheduler.token_budget == 8192
     rules = copy.deepcopy(load_rules())
-    recipe = {"vllm": {"token_budget_isl_multiple": 2}, "source": "test recipe"}
+    recipe = {"vllm": [{"token_budget_isl_multiple": 2, "source": "test recipe"}]}
     rules["harness"]["model_recipes"] = {"meta-llama/Llama-3.1-8B": recipe}
     row = {"id": "x", "model_path": "meta-llama/Llama-3.1-8B", "system": "h100_sxm",
            "precision": "bf16", "mode": "agg", "osl": "100", "gemm_quant_mode": "bf16",
@@ -155,6 +155,55 @@ def test_vllm_token_budget_follows_the_harness_recipe_of_the_exact_model_id():
     rules["harness"]["model_recipes"] = {"meta-llama/Llama-3.1-8": recipe}
     cfg, _ = row_config(row, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.token_budget == 8192
+
+
+def test_harness_recipe_entries_apply_by_exact_id_system_attention_dp_and_lengths():
+    from perfcast.serving.silicon import harness_recipe
+    harness = {"model_recipes": {"org/M": {"trtllm": [
+        {"scheduler": {"token_budget": 100}, "kv_cache": {"memory_fraction": 0.5},
+         "source": "base"},
+        {"systems": ["h200_sxm"], "attention_dp": True,
+         "scheduler": {"attention_dp_balance": True}, "source": "adp"},
+        {"lengths": [1024, 1024], "scheduler": {"token_budget": 200}, "source": "1k1k"},
+    ]}}}
+    got = harness_recipe(harness, "org/M", "trtllm", "h200_sxm", attention_dp=True,
+                         lengths=(1024, 1024))
+    assert got == {"scheduler": {"token_budget": 200, "attention_dp_balance": True},
+                   "kv_cache": {"memory_fraction": 0.5}, "source": "1k1k"}
+    got = harness_recipe(harness, "org/M", "trtllm", "h100_sxm", attention_dp=True,
+                         lengths=(8192, 1024))
+    assert got == {"scheduler": {"token_budget": 100}, "kv_cache": {"memory_fraction": 0.5},
+                   "source": "base"}
+    got = harness_recipe(harness, "org/M", "trtllm", "h200_sxm", attention_dp=False,
+                         lengths=(8192, 1024))
+    assert "attention_dp_balance" not in got["scheduler"]
+    assert harness_recipe(harness, "org/M", "vllm", "h200_sxm", attention_dp=False,
+                          lengths=(1, 1)) == {}
+    assert harness_recipe(harness, "org/M-2", "trtllm", "h200_sxm", attention_dp=False,
+                          lengths=(1, 1)) == {}
+
+
+def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
+    # InferenceX dsr1_fp8_h200_trt: attention_dp_config enable_balance, timeout_iters 60,
+    # batching_wait_iters 0, only when the layout has attention DP
+    rules = load_rules()
+    base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm",
+            "backend": "trtllm", "backend_version": "1.1.0rc2.post2", "precision": "fp8",
+            "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
+            "moe_quant_mode": "fp8_block", "pp_size": "1",
+            "moe_tp_size": "1", "moe_ep_size": "8", "silicon_ttft_ms": "1",
+            "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    adp = {**base, "batch_size": "16", "tp_size": "1", "attention_dp_size": "8"}
+    cfg, notes = row_config(adp, ModelResolver(None, rules), rules)
+    sched = cfg.backend.scheduler
+    assert (sched.attention_dp_balance, sched.attention_dp_timeout_iters,
+            sched.attention_dp_batching_wait_iters) == (True, 60, 0)
+    assert any("dsr1_fp8_h200_trt" in n for n in notes)
+    cfg, _ = row_config({**base, "batch_size": "16", "tp_size": "8", "attention_dp_size": "1"},
+                        ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.attention_dp_balance is False
+    cfg, _ = row_config({**adp, "system": "h100_sxm"}, ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.attention_dp_balance is False
 
 
 def test_package_rules_and_code_carry_no_validation_file_labels():

@@ -300,6 +300,8 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
+    recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
+                            attention_dp=lead.plan.dp > 1, lengths=(isl, osl))
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
@@ -307,12 +309,18 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         if pad is not None:
             step = int(budget_rule.get("round_to", 1))
             budget = max(budget, -(-(per_engine + isl + int(pad)) // step) * step)
-        recipe = (harness.get("model_recipes") or {}).get(row["model_path"].strip(), {})
-        multiple = (recipe.get(name) or {}).get("token_budget_isl_multiple")
+        multiple = recipe.get("token_budget_isl_multiple")
         if multiple:
             budget = int(multiple) * isl
             notes.append(f"token budget {budget} = {multiple} x isl ({recipe['source']})")
         sched_changes["token_budget"] = budget
+    settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
+    sched_changes.update(recipe.get("scheduler", {}))
+    if recipe.get("kv_cache"):
+        backend = replace(backend, kv_cache=replace(backend.kv_cache, **recipe["kv_cache"]))
+    if settings:
+        listed = ", ".join(f"{k} {v}" for k, v in settings.items())
+        notes.append(f"harness recipe: {listed} ({recipe['source']})")
     backend = backend.with_scheduler(**sched_changes)
     if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
         sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
@@ -324,6 +332,38 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
+
+
+def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
+                   attention_dp: bool, lengths: tuple[int, int]) -> dict:
+    """The harness recipe for one exact model id on one engine and system: the
+    settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
+    entry citing the script). Entries with `systems` apply only there, with
+    `attention_dp` only when the row's layout has (true) or lacks (false) attention DP,
+    with `lengths: [isl, osl]` only to rows of those lengths; later entries override
+    earlier ones. The result carries the last applied entry's `source`; an empty dict
+    when no recipe applies."""
+    entry = (harness.get("model_recipes") or {}).get(model_id, {})
+    merged: dict = {}
+    for part in entry.get(backend) or ():
+        if isinstance(part, str):
+            raise ConfigError(f"model_recipes[{model_id!r}][{backend!r}] must be a list of "
+                              "settings mappings")
+        if "systems" in part and system not in part["systems"]:
+            continue
+        if "attention_dp" in part and bool(part["attention_dp"]) != attention_dp:
+            continue
+        if "lengths" in part and tuple(part["lengths"]) != tuple(lengths):
+            continue
+        for key, value in part.items():
+            if key in ("systems", "attention_dp", "lengths", "source"):
+                continue
+            if key in ("scheduler", "kv_cache"):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged[key] = value
+        merged["source"] = part.get("source") or entry.get("source", "")
+    return merged
 
 
 def closed_loop_in_decode(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
