@@ -28,14 +28,17 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from perfcast.calibrate.revision import CalibrationPart, FittedParameter, make_part
 from perfcast.core.errors import ConfigError
+
+if TYPE_CHECKING:   # (imported when a fit starts its pools: multiprocessing is slow to load)
+    from concurrent.futures import ProcessPoolExecutor
 
 PROCEDURE = "serving_overheads_linearised_robust_ls"
 PROCEDURE_VERSION = 1
@@ -208,6 +211,8 @@ def _pools(n: int) -> list[ProcessPoolExecutor]:
     """n single-process pools kept for the life of this process, so that the passes of
     one fit (linearisation, then every CV scheme) find their costed graphs warm."""
     if len(_POOLS) < n:
+        from concurrent.futures import ProcessPoolExecutor
+
         if not _POOLS:
             import atexit
             atexit.register(_shutdown_pools)

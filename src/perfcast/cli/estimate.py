@@ -22,6 +22,7 @@ from perfcast.cli.evidence_options import (
     StoreOption,
 )
 from perfcast.cli.errors import check_output_paths, user_errors
+from perfcast.cli.layout import build_plan
 from perfcast.cli.estimate_sources import (
     AUTO,
     check_combination,
@@ -36,7 +37,7 @@ from perfcast.core.dtypes import parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.hardware import load_system
-from perfcast.workload import Batch, BatchSegment, ParallelPlan, Precision, load_model_spec
+from perfcast.workload import Batch, BatchSegment, Precision, load_model_spec
 from perfcast.workload.quant import precision_for_model
 
 PERFORMANCE_MODELS = ("analytic", "profiling")
@@ -64,32 +65,6 @@ def build_batch(num_queries: int, query_length: int, context_length: int, decode
         return Batch.mixed((BatchSegment(num_queries, query_length, context_length),
                             BatchSegment(decode_queries, 1, decode_context_length)))
     return Batch.prefill(num_queries, query_length, context_length)
-
-
-def build_plan(tp: int, pp: int, dp: int, ep: int, moe_tp: int, num_devices: int,
-               moe_dispatch: str = "auto", expert_imbalance: float = 1.0) -> ParallelPlan:
-    """TensorCast semantics: `num_devices` = tp x dp x pp; when only `num_devices` is
-    given, dp = num_devices / (tp x pp)."""
-    if num_devices < 0 or dp < 0:
-        raise ConfigError("must not be negative", field="--num-devices/--dp-size",
-                          expected="a positive integer")
-    if not dp:
-        if num_devices:
-            if num_devices % (tp * pp):
-                raise ConfigError(f"--num-devices={num_devices} is not a multiple of "
-                                  f"tp x pp = {tp * pp}", field="--num-devices",
-                                  expected=f"a multiple of {tp * pp}")
-            dp = num_devices // (tp * pp)
-        else:
-            dp = 1
-    if num_devices and num_devices != tp * dp * pp:
-        raise ConfigError(f"--num-devices={num_devices} but tp x dp x pp = {tp} x {dp} x {pp} "
-                          f"= {tp * dp * pp}", field="--num-devices",
-                          expected="the product of the parallel degrees")
-    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp, moe_dispatch=moe_dispatch,
-                        expert_imbalance=expert_imbalance)
-    plan.check_moe_layout()
-    return plan
 
 
 def evidence_context(runtime: str, runtime_version: str, implementation: list[str],

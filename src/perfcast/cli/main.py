@@ -13,6 +13,8 @@ import typer
 from typer import _click as click
 from typer.core import TyperGroup
 
+from perfcast.cli.coercion import plain_coercion, plain_parameter
+
 # name -> (module, attribute, kind, attribute of the module holding context settings)
 # kind "command": a function registered as one command; "group": a Typer sub-application
 COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
@@ -46,6 +48,7 @@ def load_command(name: str):
         single.command(name, context_settings=settings)(target)
         command = typer.main.get_command(single)
     command.name = name
+    plain_coercion(command)   # no pydantic TypeAdapter per parameter (cli/coercion.py)
     return command
 
 
@@ -59,6 +62,11 @@ class LazyCommands(TyperGroup):
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             self.commands[cmd_name] = load_command(cmd_name)
         return self.commands.get(cmd_name)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        plain_parameter(option)
+        return option
 
     def resolve_command(self, ctx, args):
         try:

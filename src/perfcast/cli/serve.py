@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from perfcast.cli.calibration_option import (CalibrationOption, analytic_for, backend_overheads,
                                              held_out_error)
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
-from perfcast.cli.estimate import build_plan
+from perfcast.cli.layout import build_plan
 from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
                                            NumSpeculativeTokensOption, SpeculativeOption)
 from perfcast.core.errors import ConfigError
@@ -146,6 +144,8 @@ def serve_command(
         if output_format is OutputFormat.json:
             typer.echo(json.dumps(metrics, indent=2))
             return
+        from rich.console import Console
+
         _print_table(metrics, Console())
         if explain:
             print_explain(metrics["explain"], Console())
@@ -543,7 +543,9 @@ def input_lines(inputs: dict) -> list[str]:
             lengths, *extra]
 
 
-def _print_table(metrics: dict, console: Console) -> None:
+def _print_table(metrics: dict, console) -> None:
+    from rich.table import Table
+
     for line in input_lines(metrics["inputs"]):
         console.print(line, markup=False, highlight=False)
     table = Table(title="request latency (ms)")
@@ -575,8 +577,10 @@ def _print_table(metrics: dict, console: Console) -> None:
                       f"TPOT MAPE {100 * err['tpot_mape']:.1f}% over {err['rows']} rows")
 
 
-def print_explain(doc: dict, console: Console) -> None:
+def print_explain(doc: dict, console) -> None:
     """`--explain` tables: request phases, then the engines' busy time split."""
+    from rich.table import Table
+
     from perfcast.serving.explain import SPLIT, explain_lines
 
     table = Table(title=f"where the time goes ({doc['requests']} requests, ms)")

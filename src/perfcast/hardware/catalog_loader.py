@@ -12,6 +12,7 @@ import yaml
 from perfcast.core.dtypes import DType
 from perfcast.core.errors import ConfigError
 from perfcast.core.frozen import FrozenDict
+from perfcast.core.yamlio import safe_load
 from perfcast.hardware.model import (
     CommGrid,
     Device,
@@ -62,7 +63,7 @@ def _aliases_path() -> Path:
 @functools.lru_cache(maxsize=1)
 def _load_aliases() -> FrozenDict[str, str]:
     path = _aliases_path()
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = safe_load(path.read_text(encoding="utf-8")) or {}
     src = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("aliases", {}), dict):
         raise ConfigError("is not a mapping", source=src, field="aliases",
@@ -302,7 +303,7 @@ def load_system_file(path: str | Path) -> System:
     except OSError as exc:
         raise ConfigError(f"cannot read device file: {exc.strerror}", source=str(p)) from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"is not valid YAML: {exc}", source=str(p)) from None
     return system_from_mapping(data, str(p))
@@ -311,7 +312,7 @@ def load_system_file(path: str | Path) -> System:
 @functools.lru_cache(maxsize=64)
 def _load_catalog(name: str) -> System:
     path = _catalog_dir() / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = safe_load(path.read_text(encoding="utf-8"))
     return system_from_mapping(data, str(path), expected_name=name)
 
 

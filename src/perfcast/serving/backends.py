@@ -21,9 +21,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from perfcast.core.errors import ConfigError
+from perfcast.core.yamlio import safe_load
 
 
 
@@ -240,7 +239,7 @@ def _load_selected(path: str, mtime_ns: int, version: str, where: _Deployment) -
 @lru_cache(maxsize=64)
 def _load_file(path: str, mtime_ns: int) -> tuple[dict, tuple[VersionRange, ...]]:
     """The file's document (its base checked by parsing it) and its version ranges."""
-    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    doc = safe_load(Path(path).read_text(encoding="utf-8"))
     _parse(doc, path)
     _check_when(doc.get("when"), path, "when")
     return doc, _ranges(doc.get("version_ranges"), path)
