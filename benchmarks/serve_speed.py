@@ -6,9 +6,9 @@ First the whole CLI call as a user makes it (issue 17 target: under 0.5 s), time
 subprocess, best of N: `perfcast serve meta-llama/Llama-3.1-70B --device h100_sxm
 --tp-size 8 --concurrency 64 --format json`, wall and CPU (user + sys) seconds; bytecode
 is cached (as an installed package has it) under a temporary PYTHONPYCACHEPREFIX, with
-one unmeasured warm-up call. Then the serving path in-process (model load, step-cost
-graphs, simulation) for a cold start (fresh caches) per backend and lengths: graphs
-built, iterations simulated and seconds.
+one unmeasured warm-up call; `serve --help` likewise (the start-up alone). Then the
+serving path in-process (model load, step-cost graphs, simulation) for a cold start
+(fresh caches) per backend and lengths: graphs built, iterations simulated and seconds.
 """
 
 from __future__ import annotations
@@ -30,24 +30,34 @@ CLI = ["serve", "meta-llama/Llama-3.1-70B", "--device", "h100_sxm", "--tp-size",
        "--concurrency", "64", "--format", "json"]
 
 
+def _best(cmd: list[str], env: dict, runs: int) -> tuple[float, float]:
+    """Best wall and best CPU (user + sys) seconds of `runs` calls of `cmd`."""
+    walls, cpus = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env, capture_output=True)
+        walls.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return min(walls), min(cpus)
+
+
 def time_cli(runs: int) -> None:
-    """Best of `runs` calls of the CLI in a fresh interpreter each (wall, CPU seconds)."""
+    """Best of `runs` calls of the CLI in a fresh interpreter each (wall, CPU seconds),
+    and of `serve --help` (the start-up alone: interpreter, typer, the serve module)."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as pyc:
         env["PYTHONPYCACHEPREFIX"] = pyc
         cmd = [sys.executable, "-m", "perfcast.cli.main", *CLI]
         subprocess.run(cmd, check=True, env=env, capture_output=True)   # warm-up: bytecode
-        walls, cpus = [], []
-        for _ in range(runs):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t = time.perf_counter()
-            subprocess.run(cmd, check=True, env=env, capture_output=True)
-            walls.append(time.perf_counter() - t)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    print(f"perfcast {' '.join(CLI)}\n  best of {runs}: wall {min(walls):.3f} s, "
-          f"CPU {min(cpus):.3f} s (target < 0.5 s); load average {os.getloadavg()[0]:.1f}")
+        wall, cpu = _best(cmd, env, runs)
+        help_wall, help_cpu = _best(cmd[:3] + ["serve", "--help"], env, runs)
+    print(f"perfcast {' '.join(CLI)}\n  best of {runs}: wall {wall:.3f} s, CPU {cpu:.3f} s "
+          f"(target < 0.5 s); `serve --help` wall {help_wall:.3f} s, CPU {help_cpu:.3f} s; "
+          f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:

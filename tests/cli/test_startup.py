@@ -59,11 +59,13 @@ def test_importing_the_app_loads_no_command_module():
     assert not _heavy(modules, (*HEAVY, "numpy", "pydantic", "rich", "perfcast.serving"))
 
 
-def test_serve_help_loads_neither_other_commands_nor_pydantic():
+def test_serve_help_loads_no_simulation_modules():
     modules, text = _loaded_after(RUN_APP, "serve", "--help")
     assert "--concurrency" in text and "--format" in text
-    assert not _heavy(modules, (*HEAVY, "pydantic", "perfcast.plan",
-                                "perfcast.serving.deploy", "perfcast.calibrate"))
+    assert not _heavy(modules, (*HEAVY, "pydantic", "numpy", "yaml", "perfcast.plan",
+                                "perfcast.serving.requests", "perfcast.serving.deploy",
+                                "perfcast.calibrate", "perfcast.workload", "perfcast.hardware",
+                                "perfcast.evidence"))
 
 
 def test_serve_run_loads_no_pydantic_rich_or_plan_scheduler():

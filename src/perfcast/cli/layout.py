@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from perfcast.core.errors import ConfigError
-from perfcast.workload import ParallelPlan
+
+if TYPE_CHECKING:
+    from perfcast.workload import ParallelPlan
 
 
 def build_plan(tp: int, pp: int, dp: int, ep: int, moe_tp: int, num_devices: int,
@@ -27,6 +31,8 @@ def build_plan(tp: int, pp: int, dp: int, ep: int, moe_tp: int, num_devices: int
         raise ConfigError(f"--num-devices={num_devices} but tp x dp x pp = {tp} x {dp} x {pp} "
                           f"= {tp * dp * pp}", field="--num-devices",
                           expected="the product of the parallel degrees")
+    from perfcast.workload import ParallelPlan
+
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, ep=ep, moe_tp=moe_tp, moe_dispatch=moe_dispatch,
                         expert_imbalance=expert_imbalance)
     plan.check_moe_layout()

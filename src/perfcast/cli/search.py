@@ -19,7 +19,7 @@ from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
                                            NumSpeculativeTokensOption, SpeculativeOption)
 from perfcast.core.errors import ConfigError
-from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
+from perfcast.serving.limits import MAX_SIMULATED_REQUESTS, check_request_count
 
 
 PERCENTILES = ("p50", "p90", "p99")

@@ -18,8 +18,7 @@ from perfcast.cli.layout import build_plan
 from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
                                            NumSpeculativeTokensOption, SpeculativeOption)
 from perfcast.core.errors import ConfigError
-from perfcast.serving.provenance import provenance_lines
-from perfcast.serving.requests import MAX_SIMULATED_REQUESTS, check_request_count
+from perfcast.serving.limits import MAX_SIMULATED_REQUESTS, check_request_count
 
 METRIC_ROWS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "frontend_queue_ms")
 
@@ -545,6 +544,8 @@ def input_lines(inputs: dict) -> list[str]:
 
 def _print_table(metrics: dict, console) -> None:
     from rich.table import Table
+
+    from perfcast.serving.provenance import provenance_lines
 
     for line in input_lines(metrics["inputs"]):
         console.print(line, markup=False, highlight=False)
