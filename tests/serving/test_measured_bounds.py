@@ -77,3 +77,17 @@ def test_validate_rows_reports_the_contradiction_instead_of_a_prediction():
     from perfcast.serving.silicon import validate_rows
     (res,) = validate_rows([_row("200", "5")])
     assert not res.predicted and "contradicts" in res.reason
+
+
+def test_rows_needing_more_prefill_math_than_the_device_has_are_named():
+    from perfcast.serving.silicon import above_compute_bound
+    rules = load_rules()
+    row = {**_row("100", "40"), "isl": "8000", "osl": "100", "batch_size": "64"}
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    # Qwen3-32B (~32.8e9 params) on one H100: a prompt of >= 0.8 x 8000 tokens needs
+    # >= 2 x 32.8e9 x 6400 = 4.2e14 FLOPs, 0.42 s at 989 TFLOP/s. 64 clients with an e2e
+    # of 0.1 + 99 x 0.04 = 4.06 s complete 15.8 requests/s: 6.6 s of math per second
+    reason = above_compute_bound(cfg, 100.0, 40.0)
+    assert reason and "contradicts" in reason and "requests/s" in reason
+    # the same clients with an e2e of 0.1 + 99 x 4 = 396 s: 0.16 requests/s, 7% busy
+    assert above_compute_bound(cfg, 100.0, 4000.0) is None

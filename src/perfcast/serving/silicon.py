@@ -453,6 +453,48 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
             f"bandwidth: the measurement contradicts the deployment it describes")
 
 
+def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
+    """Why a row's measured throughput needs more prefill math than the devices have,
+    or None.
+
+    In a closed loop of C clients, requests complete at C / e2e per second (Little's
+    law), e2e = TTFT + (osl - 1) x TPOT with the row's largest output length (the mean
+    is shorter, so this undercounts the rate). Each completed request prefilled at least
+    `range_ratio x isl` prompt tokens (the shortest prompt the harness samples), and a
+    prefill's matrix work on a device takes at least its FLOPs over the device's peak
+    rate for the task's math dtype. When that lower bound on busy time exceeds the
+    measured wall time, the row cannot be this deployment at these lengths (e.g. prompts
+    served from a prefix cache, shorter prompts than recorded). Disagg rows: the bound on
+    the prefill pool."""
+    if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
+        return None
+    pool = cfg.pool
+    e2e_s = 1e-3 * (ttft_ms + max(cfg.osl - 1, 0) * tpot_ms)
+    if e2e_s <= 0:
+        return None
+    rate = cfg.concurrency / e2e_s                     # requests per second, all pools
+    prompt = max(1, int(cfg.range_ratio * cfg.isl))
+    dp = max(1, pool.plan.dp)
+    graph = build_task_graph(cfg.model, pool.plan, Batch.prefill(dp, prompt), cfg.precision)
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
+    busy_s = 0.0          # one device's busy time for a step of one prompt per rank
+    for t in graph.tasks:
+        if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
+            continue
+        engine = system.device.engines.get(str(getattr(t.work.engine, "value", t.work.engine)))
+        peak = engine.peak_for(t.work.compute_dtype) if engine is not None else None
+        if peak:
+            busy_s += t.work.flops * t.count / peak
+    steps_per_s = rate / (dp * max(pool.workers, 1))   # such steps per second and device
+    needed = busy_s * steps_per_s                      # busy seconds per second
+    if needed <= 1.0:
+        return None
+    return (f"the measured TTFT and TPOT complete {rate:.1f} requests/s (Little's law on "
+            f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
+            f"{needed:.2f} s of matrix math per second on each device at peak rate: the "
+            f"measurement contradicts the deployment it describes")
+
+
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   evidence_for: Callable[[str, str, str], list] | None = None,
                   progress: Callable[[int, int], None] | None = None,
@@ -493,7 +535,9 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                 cfg = replace(cfg, seed=seed)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes
-            contradiction = below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
+            contradiction = (below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
+                             or above_compute_bound(cfg, res.measured_ttft_ms,
+                                                    res.measured_tpot_ms))
             if contradiction:
                 raise RowError(contradiction)
             providers, context = (), None
