@@ -204,6 +204,17 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert cfg.backend.scheduler.attention_dp_balance is False
     cfg, _ = row_config({**adp, "system": "h100_sxm"}, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.attention_dp_balance is False
+    # disagg rows ran other launch scripts: no recipe
+    disagg = {**base, "mode": "disagg", "prefill_num_workers": "1", "decode_num_workers": "1",
+              "decode_batch_size": "16", "prefill_tp_size": "8", "prefill_pp_size": "1",
+              "prefill_attention_dp_size": "1", "prefill_moe_tp_size": "1",
+              "prefill_moe_ep_size": "8", "decode_tp_size": "1", "decode_pp_size": "1",
+              "decode_attention_dp_size": "8", "decode_moe_tp_size": "1",
+              "decode_moe_ep_size": "8", "batch_size": "", "tp_size": "", "attention_dp_size": ""}
+    cfg, notes = row_config(disagg, ModelResolver(None, rules), rules)
+    assert cfg.decode_pool.plan.dp == 8
+    assert cfg.backend.scheduler.attention_dp_balance is False
+    assert not any("harness recipe" in n for n in notes)
 
 
 def test_package_rules_and_code_carry_no_validation_file_labels():

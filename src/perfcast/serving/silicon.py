@@ -300,8 +300,10 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
+    # the recipes are single-node launch scripts of aggregated serving
     recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
-                            attention_dp=lead.plan.dp > 1, lengths=(isl, osl))
+                            attention_dp=lead.plan.dp > 1,
+                            lengths=(isl, osl)) if mode == "agg" else {}
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
