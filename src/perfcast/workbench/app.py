@@ -3,6 +3,8 @@ API (/api, OpenAPI page at /docs) and the pages."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from perfcast.workbench.state import Workbench
 
 
@@ -19,12 +21,75 @@ def create(wb: Workbench):
     import perfcast.serving.deploy  # noqa: F401
 
     jobs = JobManager()
+    preload_assets()
+    warm_up()
     app.include_router(build_router(wb, jobs))
     install_error_handler(app)
     openapi_page(app)
     pages.register(wb, jobs)
     app.on_shutdown(jobs.shutdown)
     return app, jobs
+
+
+# what every NiceGUI page loads from nicegui/static: the text font is found only once
+# the stylesheets are parsed (Roboto's faces have no font-display: text stays invisible
+# until it has loaded); dompurify and dynamic_properties only once the modules that
+# import them have loaded; the small deferred scripts (low priority in Chromium) queue
+# behind the component modules on the six connections a browser opens to one host.
+# Not quasar.umd.prod.js (500 kB): preloaded, it competes with the stylesheets and the
+# font, which the first paint waits for (measured: docs/workbench.md, Speed)
+PRELOAD_SCRIPTS = ("socket.io.min.js", "nicegui.js", "lang/en-US.umd.prod.js")
+PRELOAD_MODULES = ("dompurify.mjs", "utils/dynamic_properties.js")
+
+
+def preload_assets() -> None:
+    """<link rel=preload> hints in every page's head, so that a browser with nothing
+    cached asks for the text font and NiceGUI's scripts with the stylesheets."""
+    import nicegui
+    from nicegui import ui
+
+    static = Path(nicegui.__file__).parent / "static"
+    base = f"/_nicegui/{nicegui.__version__}/static"
+    font = latin_font(static / "fonts.css", "Roboto")
+    links = []
+    if font and (static / font).is_file():
+        links.append(f'<link rel="preload" as="font" type="font/woff2" crossorigin '
+                     f'href="{base}/{font}">')
+    links += [f'<link rel="preload" as="script" href="{base}/{f}">'
+              for f in PRELOAD_SCRIPTS if (static / f).is_file()]
+    links += [f'<link rel="modulepreload" href="{base}/{f}">'
+              for f in PRELOAD_MODULES if (static / f).is_file()]
+    ui.add_head_html("\n".join(links), shared=True)
+
+
+def latin_font(css: Path, family: str) -> str | None:
+    """The file of `family`'s regular (400) face for Latin text in a stylesheet of
+    @font-face rules (the face whose unicode-range starts at U+0000), or None."""
+    import re
+
+    if not css.is_file():
+        return None
+    for rule in re.findall(r"@font-face\s*{([^}]*)}", css.read_text()):
+        if (re.search(rf'font-family:\s*"?{re.escape(family)}"?\s*;', rule)
+                and re.search(r"font-weight:\s*400\b", rule)
+                and re.search(r"unicode-range:\s*U\+0000-", rule)):
+            src = re.search(r"url\(([^)]+)\)", rule)
+            return src.group(1).strip("'\"") if src else None
+    return None
+
+
+def warm_up() -> None:
+    """What the first page request would do otherwise (about 0.1 s): compile NiceGUI's
+    page template and import the element classes the pages use."""
+    import nicegui.client
+    from nicegui import ui
+
+    templates = getattr(nicegui.client, "templates", None)
+    if templates is not None:
+        templates.get_template("index.html")
+    for name in ("header", "link", "label", "table", "select", "row", "column", "plotly",
+                 "button", "input", "number", "textarea", "code", "tabs", "notify"):
+        getattr(ui, name, None)
 
 
 def openapi_page(app) -> None:
@@ -88,12 +153,17 @@ def _version() -> str:
 def serve(wb: Workbench, *, host: str = "127.0.0.1", port: int = 8080) -> None:
     from nicegui import ui
 
+    from perfcast.cli.workbench import LOOPBACK
+
     create(wb)
     print(f"perfcast workbench on http://{host}:{port}/ (API: /api, OpenAPI: /docs; "
           f"evidence store {wb.evidence_path})", flush=True)
+    # no gzip on loopback: compressing each response costs the server and the browser
+    # more time than the bytes it saves on a local connection
+    extra = {"gzip_middleware_factory": None} if host in LOOPBACK else {}
     # tailwind=False: Quasar's classes only (the in-browser Tailwind compiler costs about
     # half a second per page load); reconnect_timeout: a page whose connection drops for
     # a while (a busy machine) keeps its state instead of being rebuilt after 3 s
     ui.run(host=host, port=port, reload=False, show=False, title="perfcast workbench",
            show_welcome_message=False, favicon="📈", tailwind=False, reconnect_timeout=30.0,
-           uvicorn_logging_level="warning")
+           uvicorn_logging_level="warning", **extra)

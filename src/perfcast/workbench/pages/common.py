@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from html import escape
 
 from perfcast.core.errors import PerfcastError
 
@@ -22,6 +23,53 @@ def header(current: str) -> None:
             if name == current:
                 link.classes("text-bold").style("text-decoration: underline")
         ui.link("API", "/docs").classes("text-white").style("text-decoration: none; margin-left: auto")
+
+
+# the look of the header and a table, for HTML shown before NiceGUI's styles and scripts
+SERVER_RENDERED_CSS = """
+#server-rendered { font-family: Roboto, -apple-system, "Helvetica Neue", Helvetica, Arial,
+  sans-serif; font-size: 14px; line-height: 1.5; color: rgba(0, 0, 0, 0.87); }
+#server-rendered .bar { display: flex; align-items: center; gap: 16px; padding: 16px;
+  background: #263238; color: #fff; }
+#server-rendered .bar a { color: #fff; text-decoration: none; }
+#server-rendered .bar .title { font-size: 1.25rem; font-weight: 700; }
+#server-rendered .bar .current { font-weight: 700; text-decoration: underline; }
+#server-rendered .content { padding: 16px; display: flex; flex-direction: column; gap: 16px; }
+#server-rendered .caption { color: #616161; }
+#server-rendered table { border-collapse: collapse; width: 100%; }
+#server-rendered caption { text-align: left; font-size: 20px; padding: 12px 16px; }
+#server-rendered th { text-align: left; font-size: 12px; font-weight: 500;
+  color: rgba(0, 0, 0, 0.54); padding: 7px 16px; border-bottom: 1px solid rgba(0, 0, 0, 0.12); }
+#server-rendered td { padding: 7px 16px; border-bottom: 1px solid rgba(0, 0, 0, 0.12); }
+"""
+
+
+def server_rendered(current: str, content_html: str, until: str) -> str:
+    """HTML for `ui.add_body_html`: the header and `content_html`, in the document itself,
+    so that they show once the browser has the stylesheets (NiceGUI draws its page only
+    when its scripts have loaded and run). The block removes itself when an element matching the
+    CSS selector `until` is in NiceGUI's page."""
+    from perfcast.workbench.pages import PAGES
+
+    links = "".join(f'<a href="{path}"{" class=current" if name == current else ""}>'
+                    f"{escape(name)}</a>" for path, name in PAGES)
+    return (f"<style>{SERVER_RENDERED_CSS}</style>"
+            f'<div id="server-rendered"><div class="bar"><span class="title">{TITLE}</span>'
+            f'{links}<a href="/docs" style="margin-left: auto">API</a></div>'
+            f'<div class="content">{content_html}</div></div>'
+            "<script>new MutationObserver((_, watch) => {"
+            f"if (document.querySelector({json.dumps('#app ' + until)})) {{"
+            "document.getElementById('server-rendered').remove(); watch.disconnect(); }"
+            "}).observe(document.body, {childList: true, subtree: true});</script>")
+
+
+def html_table(title: str, columns: list[dict], rows: list[dict], attrs: str = "") -> str:
+    """A `ui.table`'s columns and rows as an HTML table (cells escaped)."""
+    head = "".join(f"<th>{escape(str(c['label']))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(r.get(c['field'], '')))}</td>"
+                                    for c in columns) + "</tr>" for r in rows)
+    return (f"<table {attrs}><caption>{escape(title)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
 
 
 def preload_plots() -> None:

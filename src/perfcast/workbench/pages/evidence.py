@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from html import escape
+
 from perfcast.workbench import evidence_views as views
 from perfcast.workbench import figures
-from perfcast.workbench.pages.common import header, show_error
+from perfcast.workbench.pages.common import header, html_table, server_rendered, show_error
+
+
+def catalog_table(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The catalog's columns and rows (`evidence_views.catalog` rows, shown)."""
+    cols = [{"name": k, "label": label, "field": k, "sortable": True, "align": "left"}
+            for k, label in (("short", "snapshot"), ("name", "name"), ("rows", "records"),
+                             ("importer", "importer"), ("revisions", "source revisions"),
+                             ("tables", "tables"), ("skipped", "skipped"),
+                             ("licence", "licence"))]
+    table_rows = [{**r, "short": r["digest"][7:19],
+                   "revisions": ", ".join(r["source_revisions"][:6])
+                   + (f" (+{len(r['source_revisions']) - 6})"
+                      if len(r["source_revisions"]) > 6 else "")} for r in rows]
+    return cols, table_rows
 
 
 def register(wb, jobs) -> None:
@@ -13,7 +29,8 @@ def register(wb, jobs) -> None:
     @ui.page("/evidence")
     async def evidence_page() -> None:
         header("Evidence")
-        ui.label(f"evidence store: {wb.evidence_path}").classes("text-body2 text-grey-7")
+        store_path = wb.evidence_path
+        ui.label(f"evidence store: {store_path}").classes("text-body2 text-grey-7")
         try:
             rows = views.catalog(wb.evidence_store().list())
         except Exception as exc:  # noqa: BLE001 - shown to the user
@@ -24,15 +41,14 @@ def register(wb, jobs) -> None:
                      "import aiconfigurator|vidur|table ...` (imports are a CLI action).") \
                 .props('data-testid="empty-store"')
             return
-        cols = [{"name": k, "label": label, "field": k, "sortable": True, "align": "left"}
-                for k, label in (("short", "snapshot"), ("name", "name"), ("rows", "records"),
-                                 ("importer", "importer"), ("revisions", "source revisions"),
-                                 ("tables", "tables"), ("skipped", "skipped"),
-                                 ("licence", "licence"))]
-        table_rows = [{**r, "short": r["digest"][7:19],
-                       "revisions": ", ".join(r["source_revisions"][:6])
-                       + (f" (+{len(r['source_revisions']) - 6})"
-                          if len(r["source_revisions"]) > 6 else "")} for r in rows]
+        cols, table_rows = catalog_table(rows)
+        # the catalog in the HTML itself: shown as soon as the document is parsed, while
+        # NiceGUI's scripts (Vue, Quasar: about 700 kB) load; it gives way to the table
+        # below once that is mounted
+        ui.add_body_html(server_rendered(
+            "Evidence", f"<div class='caption'>evidence store: {escape(store_path)}</div>"
+            + html_table("snapshots", cols, table_rows, 'data-testid="catalog"'),
+            until='[data-testid="catalog"]'))
         ui.table(columns=cols, rows=table_rows, row_key="digest", title="snapshots") \
             .classes("full-width").props('data-testid="catalog"')
 
