@@ -76,7 +76,8 @@ def test_serve_run_loads_no_pydantic_rich_or_plan_scheduler():
     assert doc["completed_requests"] == 2 and doc["inputs"]["client"]["concurrency"] == 1
     assert "perfcast.serving.deploy" in modules   # it ran the simulation
     assert not _heavy(modules, (*HEAVY, "pydantic", "rich", "typer._adapters",
-                                "concurrent.futures.process"))
+                                "concurrent.futures.process",
+                                "numpy.random"))   # fixed lengths, closed loop: no draws
 
 
 # -- plain coercion equals typer's ------------------------------------------------------

@@ -67,8 +67,13 @@ class LengthDistribution:
         if not 0.0 < self.ratio <= 1.0:
             raise ConfigError(f"ratio={self.ratio}", field="range_ratio", expected="in (0, 1]")
 
-    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        if self.ratio >= 1.0:
+    @property
+    def fixed(self) -> bool:
+        return self.ratio >= 1.0
+
+    def sample(self, n: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        """`n` lengths; `rng` draws them (None: fixed lengths draw nothing)."""
+        if self.fixed:
             return np.full(n, self.isl), np.full(n, self.osl)
         lo_i = max(1, int(self.isl * self.ratio))
         lo_o = max(1, int(self.osl * self.ratio))
@@ -159,16 +164,23 @@ class Client:
             raise ConfigError(f"num_requests={num_requests}, warmup={warmup_requests}",
                               field="num_requests", expected="num_requests >= 1, warmup >= 0")
         total = num_requests + warmup_requests
-        rng = np.random.default_rng(seed)
+        self._seed, self._rng = seed, None
         if lengths is not None:
-            self.inputs, self.outputs = lengths.sample(total, rng)
+            self.inputs, self.outputs = lengths.sample(total, None if lengths.fixed else self.rng)
         self.block_hashes: Sequence[Sequence[int]] | None = None
         self.prefix_cache: DeclaredHitRate | BlockLRU | None = None
-        self.rng = rng
         self.lengths = lengths
         self.num_requests = num_requests
         self.warmup_requests = warmup_requests
         self.issued = 0
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The client's random stream, made on first use (fixed lengths in a closed loop
+        draw nothing, and numpy.random is slow to import)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
+        return self._rng
 
     @property
     def total(self) -> int:
