@@ -108,6 +108,7 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
         raise ConfigError("is not a folder", source=str(root), field="--evidence-root",
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
     folders: dict[Path, object] = {}
+    folder_pairs: dict[Path, frozenset] = {}   # _pairs of each folder's tables, once
     tables: dict[tuple, tuple] = {}
     cache: dict[tuple[str, str, str], DeploymentEvidence] = {}
 
@@ -117,6 +118,14 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
             folders[folder] = _read_folder(folder, system)
         return folders[folder]
 
+    def pairs(system: str, backend: str):
+        def of(family: str, version: str, db) -> frozenset:
+            folder = root / system / family / backend / version
+            if folder not in folder_pairs:
+                folder_pairs[folder] = _pairs(db)
+            return folder_pairs[folder]
+        return of
+
     def evidence_for(system: str, backend: str, version: str) -> DeploymentEvidence:
         key = (system, backend, version)
         if key not in cache:
@@ -125,7 +134,8 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
                 cache[key] = EMPTY
                 return EMPTY
             selection = _selection(available, version,
-                                   lambda f, v: read(system, f, backend, v), versions)
+                                   lambda f, v: read(system, f, backend, v), versions,
+                                   pairs(system, backend))
             if not selection:
                 cache[key] = EMPTY
                 return EMPTY
@@ -153,15 +163,18 @@ def _read_folder(folder: Path, system: str):
 
 
 def _pairs(db) -> frozenset:
-    return frozenset(zip(db.table.column("operation").to_pylist(),
-                         db.table.column("dtype").to_pylist()))
+    """The (operation, dtype) pairs of a database's rows."""
+    groups = db.table.group_by(["operation", "dtype"], use_threads=False).aggregate([])
+    return frozenset(zip(groups.column("operation").to_pylist(),
+                         groups.column("dtype").to_pylist()))
 
 
 def _selection(available: dict[str, list[str]], version: str, read,
-               policy: str = "set") -> tuple:
+               policy: str = "set", pairs_of=None) -> tuple:
     """((family, version, pairs), ...): each family at its version under `policy` (pairs
     None: every row), then, nearest first, other versions for the (operation, dtype)
-    pairs not yet covered."""
+    pairs not yet covered. `pairs_of(family, version, database)`: the (operation,
+    dtype) pairs of `read(family, version)` (default: `_pairs` of it)."""
     anchor = nearest_version(version, available[ANCHOR_FAMILY])
     out = []
     for family, versions in sorted(available.items()):
@@ -174,7 +187,7 @@ def _selection(available: dict[str, list[str]], version: str, read,
             part = read(family, v)
             if part is None:
                 continue
-            pairs = _pairs(part)
+            pairs = pairs_of(family, v, part) if pairs_of else _pairs(part)
             if covered is None:
                 out.append((family, v, None))
                 covered = set(pairs)
@@ -316,9 +329,10 @@ def _implementation_counts(db):
     table = db.table
     if "sel.str.implementation" not in table.column_names:
         return collections.Counter()
-    return collections.Counter(zip(table.column("operation").to_pylist(),
-                                   table.column("dtype").to_pylist(),
-                                   table.column("sel.str.implementation").to_pylist()))
+    keys = ["operation", "dtype", "sel.str.implementation"]
+    groups = table.group_by(keys, use_threads=False).aggregate([([], "count_all")])
+    return collections.Counter(dict(zip(zip(*(groups.column(k).to_pylist() for k in keys)),
+                                        groups.column("count_all").to_pylist())))
 
 
 def implementations(db) -> dict[str, str]:
@@ -369,20 +383,23 @@ def operation_selectors(db, kernels: dict[str, str] | None = None) -> dict[str, 
     import collections
 
     table = db.table
-    ops = table.column("operation").to_pylist()
     # vLLM's all-reduce table holds its CUDA-graph and eager kernels, each with its own
     # `backend` value: only the rows of the chosen kernels count
     chosen = collections.defaultdict(set)
     for key, impl in (implementations(db) if kernels is None else kernels).items():
         chosen[key.split("@", 1)[0]].add(impl)
-    impls = (table.column("sel.str.implementation").to_pylist()
-             if "sel.str.implementation" in table.column_names else [None] * len(ops))
+    has_impl = "sel.str.implementation" in table.column_names
     out: dict[str, dict[str, str]] = {}
     for name in table.column_names:
         if not name.startswith("sel.str.") or name in CONTEXT_SELECTORS:
             continue
+        # the distinct (operation, implementation, value) triples of the rows
+        keys = ["operation", "sel.str.implementation", name] if has_impl else ["operation", name]
+        groups = table.group_by(keys, use_threads=False).aggregate([])
+        ops = groups.column("operation").to_pylist()
+        impls = groups.column(keys[1]).to_pylist() if has_impl else [None] * len(ops)
         values: dict[str, set] = collections.defaultdict(set)
-        for op, impl, v in zip(ops, impls, table.column(name).to_pylist()):
+        for op, impl, v in zip(ops, impls, groups.column(name).to_pylist()):
             if v and (impl is None or not chosen[op] or impl in chosen[op]):
                 values[op].add(v)
         for op, vs in values.items():
