@@ -95,7 +95,8 @@ class StepModelCache:
             hit = cls(model, plan, system, self._resolvers[ev_key],
                       precision=precision, context=context,
                       overheads=backend.overheads, cuda_graph=backend.cuda_graph,
-                      interpolate=interpolate, graph_cache=self._graphs.setdefault(base, {}))
+                      interpolate=interpolate, graph_cache=self._graphs.setdefault(base, {}),
+                      terms_cache=self._graphs.setdefault((base, interpolate), {}))
             self._models[key] = hit
         return hit
 

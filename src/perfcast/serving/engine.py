@@ -27,7 +27,7 @@ import numpy as np
 
 from perfcast.serving.backends import Admission, KVCacheConfig, SchedulerConfig
 from perfcast.serving.engines import POLICY_CLASSES
-from perfcast.serving.engines.base import Event, EventKind, Iteration, Role
+from perfcast.serving.engines.base import EnginePolicy, Event, EventKind, Iteration, Role
 from perfcast.serving.explain import RequestPhases
 from perfcast.serving.requests import Request
 from perfcast.serving.step_cost import StepCostModel, StepShape
@@ -48,6 +48,9 @@ class EngineStats:
     # busy time split (recorded with explain or a trace): compute, communication,
     # kernel launch, host
     split_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+
+
+INF = float("inf")
 
 
 def run_sum(durations) -> float:
@@ -111,6 +114,10 @@ class Engine:
         self._split = record_trace or explain
         self.policy = POLICY_CLASSES[scheduler.policy](self)
         self._records = record_trace or self.policy.wants_iterations
+        # the step model's short-run path (StepCostModel.decode_run_head), if it has one
+        self._run_head = getattr(cost, "decode_run_head", None) if pipeline is None else None
+        # whether the policy caps decode runs (EnginePolicy.max_decode_steps: never)
+        self._caps_runs = type(self.policy).max_decode_steps is not EnginePolicy.max_decode_steps
 
     # -- arrivals --------------------------------------------------------------------------
     def need_tokens(self, r: Request) -> int:
@@ -129,7 +136,8 @@ class Engine:
 
     def _grown(self, iterations):
         """KV tokens (per request) that `iterations` decode iterations add."""
-        return iterations if self.tokens_per_step == 1.0 else iterations * self.tokens_per_step
+        tps = self.tokens_per_step
+        return iterations if tps == 1.0 else iterations * tps
 
     def _emitted(self, r: Request, iterations: int) -> int:
         """Tokens `r` has emitted in `iterations` decode iterations since it joined."""
@@ -247,7 +255,8 @@ class Engine:
             self.clock = max(self.clock, self.pending[0][0])
         self._take_arrivals()
         events: list[Event] = []
-        if self.incremental and self.n_decoding:
+        if self.incremental and self.n_decoding and \
+                self.kv_used + self._grown(self.n_decoding) > self.capacity:
             self._preempt_for_growth()
         chunks, decode = self.policy.plan()
         if not chunks and not decode:
@@ -312,33 +321,36 @@ class Engine:
         k = self.decoding[0][0] - self.counter
         if self.incremental:
             k = min(k, int((self.capacity - self.kv_used) // self._grown(n)))
-        cap = self.policy.max_decode_steps()
-        if cap is not None:
-            k = min(k, cap)
-        k = max(k, 1)
+        if self._caps_runs:
+            cap = self.policy.max_decode_steps()
+            if cap is not None:
+                k = min(k, cap)
+        if k < 1:
+            k = 1
         pipe = self.pipeline
         limit = horizon_s
         if self.pending:
             limit = min(limit, self.pending[0][0])
         head = None
-        run_head = getattr(self.cost, "decode_run_head", None)
-        if run_head is not None and pipe is None and limit < float("inf") and k > 1:
-            head = run_head(n, self.sum_ctx / n, k, self.clock, limit)
+        context = self.sum_ctx / n
+        if self._run_head is not None and limit < INF and k > 1:
+            head = self._run_head(n, context, k, self.clock, limit)
         if head is not None:   # a run cut short by the horizon, in plain floats (same values)
             durations, k = head, len(head)
         elif pipe is not None:   # iterations on the shared stages, reserved one by one
-            durations = pipe.decode_run(self.clock, n, self.sum_ctx / n, k, limit)
+            durations = pipe.decode_run(self.clock, n, context, k, limit)
             k = len(durations)
         else:
-            durations = self.cost.decode_run_s(n, self.sum_ctx / n, k)
-            if limit < float("inf") and k > 1:
+            durations = self.cost.decode_run_s(n, context, k)
+            if limit < INF and k > 1:
                 starts = self.clock + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 k = max(1, int(np.searchsorted(starts, limit, side="left")))
                 durations = durations[:k]
         start = self.clock
         total = run_sum(durations)
-        self._account(start, total, StepShape(n, self.sum_ctx / n), steps=k,
-                      kv_growth=self._grown(n * (k - 1) / 2))
+        # the shape only matters to a time split or an iteration record
+        shape = StepShape(n, context) if self._split or self._records else None
+        self._account(start, total, shape, steps=k, kv_growth=self._grown(n * (k - 1) / 2))
         end = start + total
         events = self._decode_tokens(end, steps=k, durations=durations, total=total)
         self.clock = end
@@ -348,7 +360,8 @@ class Engine:
         """Every decoding request emits `steps` tokens; the last ends at `end`.
         `durations`: None (one step), a numpy array or a short list (decode_run_head)."""
         n = self.n_decoding
-        first_end = end if durations is None else end - run_sum(durations[1:])
+        first_end = end if durations is None or len(durations) == 1 \
+            else end - run_sum(durations[1:])
         # ITL samples: newcomers measured from their last token, the rest from the
         # previous decode iteration, then `steps - 1` more iterations for everyone
         st = self.stats
@@ -384,8 +397,10 @@ class Engine:
             events.append(Event(EventKind.FINISHED, r, end))
         return events
 
-    def _account(self, start: float, dt: float, shape: StepShape, steps: int = 1,
+    def _account(self, start: float, dt: float, shape: StepShape | None, steps: int = 1,
                  kv_growth: float = 0.0) -> None:
+        """Statistics of an iteration (or decode run); `shape` is needed only with a time
+        split or iteration records (`_split`, `_records`)."""
         st = self.stats
         st.steps += steps
         st.busy_s += dt

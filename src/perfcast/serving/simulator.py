@@ -135,12 +135,20 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
         issue(client.on_finish(r, ev.time_s))
 
     issue(client.initial())
+    inf = float("inf")
+    count = len(everything)
     for _ in range(max_iterations):
         times = [e.next_time() for e in everything]
-        i = min(range(len(everything)), key=times.__getitem__)
-        if times[i] == float("inf"):
+        if count == 2:   # the first earliest engine; the other's time bounds its step
+            a, b = times
+            i, earliest, horizon = (1, b, a) if b < a else (0, a, b)
+        else:
+            earliest = min(times)
+            i = times.index(earliest)
+            times[i] = inf   # the others' earliest
+            horizon = min(times)
+        if earliest == inf:
             break
-        horizon = min((t for j, t in enumerate(times) if j != i), default=float("inf"))
         engine = everything[i]
         for ev in engine.advance(horizon):
             handle(ev, engine)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +58,7 @@ _NODES0 = [0, *_NODES]
 # longest decode run StepCostModel.decode_run_head returns: numpy sums arrays of up to 7
 # floats one after another (longer ones pairwise), so plain sums match them bit for bit
 RUN_HEAD_MAX = 7
+RUN_NODES_MAX = 4096   # bound of StepCostModel's node arrays for decode runs
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,38 @@ class Part:
 ZERO = Part(0.0, 0.0)
 
 
+def weighted_sum(terms) -> Part:
+    """`ZERO + p1.scaled(w1) + p2.scaled(w2) + ...` of (part, weight) pairs; for plain
+    Parts in floats, the same operations in the same order (bit-identical)."""
+    k = n = c = 0.0
+    for p, w in terms:
+        if type(p) is not Part:   # a subclass (e.g. a stage split) adds its own way
+            out = ZERO
+            for q, v in terms:
+                out = out + q.scaled(v)
+            return out
+        k = k + p.kernel_s * w
+        n = n + p.kernels * w
+        c = c + p.comm_s * w
+    return Part(k, n, c)
+
+
+def part_sum(terms) -> Part:
+    """`p1 + p2 + ...` of at least one part; for plain Parts in floats (bit-identical)."""
+    first = terms[0]
+    if type(first) is Part and all(type(p) is Part for p in terms):
+        k, n, c = first.kernel_s, first.kernels, first.comm_s
+        for p in terms[1:]:
+            k = k + p.kernel_s
+            n = n + p.kernels
+            c = c + p.comm_s
+        return Part(k, n, c)
+    out = first
+    for p in terms[1:]:
+        out = out + p
+    return out
+
+
 def graph_part(tasks, resolver: CostResolver, system_name: str,
                context: CostQueryContext, keep=None) -> Part:
     """Kernel time, kernel count and communication time of `tasks`, costed by `resolver`
@@ -105,6 +139,33 @@ def costed_tasks(tasks, resolver: CostResolver, system_name: str, context: CostQ
         est = resolver.resolve(query_for_task(task, system_name, context)).estimate
         if est.latency_s != 0.0:
             yield task, est.latency_s
+
+
+# built graphs by content: (model, plan, precision, batch segments) -> their tasks split
+# into the context-free and the context half, and the graph's memory facts. Deployments
+# that differ only in evidence or engine (backend versions, the layouts of a search
+# sharing a plan) build each batch's graph once; bounded (least recently used out).
+_BUILT: OrderedDict = OrderedDict()
+BUILT_GRAPHS_MAX = 2048
+
+
+def built_halves(model: ModelSpec, plan: ParallelPlan, precision: Precision | None,
+                 batch: Batch, segments: tuple) -> tuple[tuple[list, list], object]:
+    """((context-free tasks, context tasks), memory facts) of `batch`'s graph, whose
+    segments' (requests, q tokens, context tokens) are `segments`."""
+    key = (model.digest, plan.digest, precision, batch.phase, segments)
+    hit = _BUILT.get(key)
+    if hit is not None:
+        _BUILT.move_to_end(key)
+        return hit
+    graph = build_task_graph(model, plan, batch, precision)
+    free, ctx = [], []
+    for t in graph.tasks:
+        (ctx if "kv_len" in t.work.axes else free).append(t)
+    hit = _BUILT[key] = ((free, ctx), graph.memory)
+    if len(_BUILT) > BUILT_GRAPHS_MAX:
+        _BUILT.popitem(last=False)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -131,9 +192,11 @@ class StepCostModel:
                  resolver: CostResolver, *, precision: Precision | None = None,
                  context: CostQueryContext | None = None, overheads: Overheads | None = None,
                  cuda_graph: CudaGraphConfig | None = None, interpolate: bool = True,
-                 graph_cache: dict | None = None) -> None:
-        """`graph_cache`: costed terms shared by step models of the same deployment and
-        resolver that differ only in overheads or CUDA-graph settings."""
+                 graph_cache: dict | None = None, terms_cache: dict | None = None) -> None:
+        """`graph_cache`: costed graphs shared by step models of the same deployment and
+        resolver that differ only in overheads or CUDA-graph settings; `terms_cache`:
+        their exact and interpolated terms (which depend on neither), for models that
+        also share `interpolate` (serving.deploy.StepModelCache)."""
         self.model = model
         self.plan = plan
         self.system = system
@@ -147,10 +210,13 @@ class StepCostModel:
         self._memory = None
         self.graphs_built = 0
         self.dp = plan.dp
-        self._terms: dict[tuple, Part] = {}   # memo of terms by primitive shape keys
+        # memo of terms by primitive shape keys
+        self._terms: dict[tuple, Part] = {} if terms_cache is None else terms_cache
         self._last_parts: tuple = (None, None, None)
-        self._fixed: dict[int, tuple[Part, int | None]] = {}   # decode_run_head's, by requests
+        self._fixed: dict[int, tuple] = {}   # _decode_fixed's, by requests
         self._decode_ys: dict[int, dict[int, float]] = {}      # its grid-node latencies
+        self._run_nodes: dict[tuple, tuple] = {}   # decode_run_s's node arrays, by segment
+        self._padded: tuple = (None, {})           # graph_padded's sizes, by token count
         cls = type(self)   # decode_run_head mirrors these two (not a subclass's own)
         self._run_head = interpolate and cls.decode_run_s is StepCostModel.decode_run_s \
             and cls.with_host is StepCostModel.with_host
@@ -164,11 +230,10 @@ class StepCostModel:
         hit = self._graphs.get(key)
         if hit is not None:
             return hit
-        graph = build_task_graph(self.model, self.plan, batch, self.precision)
-        out = self._part_of([t for t in graph.tasks
-                             if ("kv_len" in t.work.axes) == context_tasks])
+        halves, memory = built_halves(self.model, self.plan, self.precision, batch, key[1:])
+        out = self._part_of(halves[context_tasks])
         if self._memory is None:
-            self._memory = graph.memory
+            self._memory = memory
         self.graphs_built += 1
         self._graphs[key] = out
         return out
@@ -185,24 +250,37 @@ class StepCostModel:
 
     def body_exact(self, tokens: int) -> Part:
         """Context-free tasks when every attention-DP rank computes `tokens` tokens."""
-        return self._memo(("body", tokens),
-                          lambda: self._split(Batch.prefill(self.dp, tokens), False))
+        key = ("body", tokens)
+        hit = self._terms.get(key)
+        if hit is None:
+            hit = self._terms[key] = self._split(Batch.prefill(self.dp, tokens), False)
+        return hit
 
     def head_exact(self, sequences: int) -> Part:
         if sequences <= 1:
             return ZERO
-        per_rank = -(-sequences // self.dp)
-        return self._memo(("head", sequences), lambda: self._split(Batch.decode(sequences, 1), False)
-                          - self.body_exact(per_rank))
+        key = ("head", sequences)
+        hit = self._terms.get(key)
+        if hit is None:
+            per_rank = -(-sequences // self.dp)
+            hit = self._terms[key] = self._split(Batch.decode(sequences, 1), False) \
+                - self.body_exact(per_rank)
+        return hit
 
     def attn_decode_exact(self, requests: int, context: int) -> Part:
-        return self._memo(("dec", requests, context),
-                          lambda: self._split(Batch.decode(requests, max(context, 1)), True))
+        key = ("dec", requests, context)
+        hit = self._terms.get(key)
+        if hit is None:
+            hit = self._terms[key] = self._split(Batch.decode(requests, max(context, 1)), True)
+        return hit
 
     def attn_prefill_exact(self, q_tokens: int, context: int) -> Part:
         """Attention of one chunk on one rank."""
-        return self._memo(("pre", q_tokens, context),
-                          lambda: self._split(Batch.prefill(self.dp, q_tokens, context), True))
+        key = ("pre", q_tokens, context)
+        hit = self._terms.get(key)
+        if hit is None:
+            hit = self._terms[key] = self._split(Batch.prefill(self.dp, q_tokens, context), True)
+        return hit
 
     # -- interpolated terms ---------------------------------------------------------------
     @staticmethod
@@ -220,27 +298,38 @@ class StepCostModel:
         lo, hi, w = self._bracket(x, with_zero)
         if w == 0.0:
             return fn(lo)
-        return fn(lo).scaled(1 - w) + fn(hi).scaled(w)
+        a, b = fn(lo), fn(hi)
+        if type(a) is Part and type(b) is Part:   # the Part arithmetic below, unrolled
+            u = 1 - w
+            return Part(a.kernel_s * u + b.kernel_s * w, a.kernels * u + b.kernels * w,
+                        a.comm_s * u + b.comm_s * w)
+        return a.scaled(1 - w) + b.scaled(w)
 
     def _interp2(self, fn, x: float, y: float, *, y_with_zero: bool = False) -> Part:
         """Bilinear interpolation of `fn(x, y)` between the grid nodes bracketing x and y."""
         x0, x1, wx = self._bracket(x)
         y0, y1, wy = self._bracket(y, with_zero=y_with_zero)
-        out = ZERO
+        terms = []
         for xi, a in ((x0, 1 - wx), (x1, wx)):
             if a == 0.0:
                 continue
             for yi, b in ((y0, 1 - wy), (y1, wy)):
                 if b == 0.0:
                     continue
-                out = out + fn(xi, yi).scaled(a * b)
-        return out
+                terms.append((fn(xi, yi), a * b))
+        return weighted_sum(terms)
 
     def body(self, tokens: int) -> Part:
-        return self._memo(("ibody", tokens), lambda: self._interp1(self.body_exact, tokens))
+        hit = self._terms.get(("ibody", tokens))
+        if hit is None:
+            hit = self._terms[("ibody", tokens)] = self._interp1(self.body_exact, tokens)
+        return hit
 
     def head(self, sequences: int) -> Part:
-        return self._memo(("ihead", sequences), lambda: self._interp1(self.head_exact, sequences))
+        hit = self._terms.get(("ihead", sequences))
+        if hit is None:
+            hit = self._terms[("ihead", sequences)] = self._interp1(self.head_exact, sequences)
+        return hit
 
     def attn_decode(self, requests: int, context: float) -> Part:
         return self.context_term(self.attn_decode_exact, requests, context)
@@ -257,7 +346,12 @@ class StepCostModel:
     def attn_prefill(self, q_tokens: int, context: int) -> Part:
         if not self.interpolate:
             return self.attn_prefill_exact(q_tokens, context)
-        return self._interp2(self.attn_prefill_exact, q_tokens, context, y_with_zero=True)
+        key = ("ipre", q_tokens, context)
+        hit = self._terms.get(key)
+        if hit is None:
+            hit = self._terms[key] = self._interp2(self.attn_prefill_exact, q_tokens, context,
+                                                   y_with_zero=True)
+        return hit
 
     # -- whole steps ------------------------------------------------------------------------
     def busiest_rank(self, shape: StepShape) -> tuple[int, tuple[tuple[int, int], ...]]:
@@ -283,17 +377,23 @@ class StepCostModel:
             return None
         if rank_tokens is None:
             rank_tokens = self.busiest_rank(shape)[0]
-        return self.cuda_graph.padded(rank_tokens)
+        memo = self._padded
+        if memo[0] is not self.cuda_graph:   # captured sizes by token count, per config
+            memo = self._padded = (self.cuda_graph, {})
+        hit = memo[1].get(rank_tokens, 0)
+        if hit == 0:
+            hit = memo[1][rank_tokens] = self.cuda_graph.padded(rank_tokens)
+        return hit
 
     def kernel_parts(self, shape: StepShape) -> tuple[Part, int | None]:
         tokens, chunks = self.busiest_rank(shape)
         padded = self.graph_padded(shape, tokens)
-        part = self.body(padded or tokens) + self.head(max(shape.sequences, 1))
+        terms = [self.body(padded or tokens), self.head(max(shape.sequences, 1))]
         if shape.decode_requests:
-            part = part + self.attn_decode(shape.decode_requests, shape.decode_context)
+            terms.append(self.attn_decode(shape.decode_requests, shape.decode_context))
         for q, c in chunks:
-            part = part + self.attn_prefill(q, c)
-        return part, padded
+            terms.append(self.attn_prefill(q, c))
+        return part_sum(terms), padded
 
     def step_s(self, shape: StepShape) -> float:
         """Latency of one iteration, host overheads included."""
@@ -319,7 +419,11 @@ class StepCostModel:
         of the two; otherwise they add up. Works on floats and numpy arrays."""
         ov = self.overheads
         host = ov.step_overhead_s + ov.per_request_overhead_s * sequences
-        return np.maximum(gpu_s, host) if ov.host_overlapped else gpu_s + host
+        if not ov.host_overlapped:
+            return gpu_s + host
+        if type(gpu_s) is float:   # np.maximum's value, without a numpy scalar
+            return gpu_s if gpu_s >= host else host
+        return np.maximum(gpu_s, host)
 
     def iteration_split(self, shape: StepShape, total_s: float,
                         steps: int = 1) -> tuple[float, float, float, float]:
@@ -346,24 +450,38 @@ class StepCostModel:
         if steps <= 0:
             return np.zeros(0)
         contexts = context0 + np.arange(steps, dtype=float)
-        shape = StepShape(requests, context0)
-        padded = self.graph_padded(shape)
-        fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
+        fixed, padded, _ = self._decode_fixed(requests, context0)
         if not self.interpolate or steps <= 2:
             return self.with_host(np.array([
                 self.gpu_s(fixed + self.attn_decode(requests, float(c)), padded)
                 for c in contexts]), requests)
         lo_c = max(contexts[0], 1.0)
         hi_c = max(contexts[-1], 1.0)
-        i0 = bisect.bisect_right(_NODES, lo_c) - 1
+        i0 = max(bisect.bisect_right(_NODES, lo_c) - 1, 0)
         i1 = bisect.bisect_left(_NODES, hi_c)
-        nodes = _NODES[max(i0, 0): i1 + 1]
-        xs = np.array(nodes, dtype=float)
-        ys = np.array([self.gpu_s(fixed + self._memo(("idec", requests, n),
-                                                     lambda n=n: self.attn_decode(requests, n)),
-                                  padded)
-                       for n in nodes])
+        key = (requests, i0, i1)
+        arrays = self._run_nodes.get(key)
+        if arrays is None:   # the latencies at the grid nodes of the run, kept per segment
+            nodes = _NODES[i0: i1 + 1]
+            arrays = (np.array(nodes, dtype=float),
+                      np.array([self._node_latency(requests, n, fixed, padded) for n in nodes]))
+            if len(self._run_nodes) >= RUN_NODES_MAX:
+                self._run_nodes.clear()
+            self._run_nodes[key] = arrays
+        xs, ys = arrays
         return self.with_host(np.interp(np.maximum(contexts, 1.0), xs, ys), requests)
+
+    def _decode_fixed(self, requests: int, context0: float) -> tuple[Part, int | None, float]:
+        """(context-free terms, CUDA-graph size, host seconds) of a decode-only iteration
+        of `requests` requests (none depends on the context), kept per request count."""
+        hit = self._fixed.get(requests)
+        if hit is None:
+            padded = self.graph_padded(StepShape(requests, context0))
+            fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
+            ov = self.overheads
+            hit = self._fixed[requests] = (
+                fixed, padded, ov.step_overhead_s + ov.per_request_overhead_s * requests)
+        return hit
 
     def decode_run_head(self, requests: int, context0: float, steps: int, clock: float,
                         limit: float) -> list[float] | None:
@@ -371,47 +489,17 @@ class StepCostModel:
         `limit` (at least one) when there are at most RUN_HEAD_MAX of them, in plain
         floats and bit-identical to the array path (same interpolation formula, same
         sequential sums as numpy's for short arrays); None when there are more, without
-        interpolation, or for a subclass with its own decode_run_s or with_host. The terms the array path would cost are costed here too,
-        in the same order."""
+        interpolation, or for a subclass with its own decode_run_s or with_host. Only the
+        grid nodes of the steps returned are costed (terms are pure: costing fewer, or
+        in another order, changes no value)."""
         if not self._run_head:
             return None
-        fixed_padded = self._fixed.get(requests)
-        if fixed_padded is None:
-            padded = self.graph_padded(StepShape(requests, context0))
-            fixed = self.body(padded or -(-requests // self.dp)) + self.head(requests)
-            fixed_padded = self._fixed[requests] = (fixed, padded)
-        fixed, padded = fixed_padded
-        ov = self.overheads
-        host = ov.step_overhead_s + ov.per_request_overhead_s * requests
-        overlapped = ov.host_overlapped
+        fixed, padded, host = self._decode_fixed(requests, context0)
+        overlapped = self.overheads.host_overlapped
         gpu_s = self.gpu_s
-        if steps <= 2:   # each step at its own context, as decode_run_s costs them
-            short = [gpu_s(fixed + self.attn_decode(requests, context0 + float(i)), padded)
-                     for i in range(steps)]
-
-            def node_y(c: float, i: int) -> float:
-                return short[i]
-        else:
-            ys = self._decode_ys.setdefault(requests, {})
-            lo_c = max(context0, 1.0)
-            hi_c = max(context0 + float(steps - 1), 1.0)
-            i0 = max(bisect.bisect_right(_NODES, lo_c) - 1, 0)
-            i1 = bisect.bisect_left(_NODES, hi_c)
-            for n in _NODES[i0: i1 + 1]:   # the terms decode_run_s costs, in its order
-                if n not in ys:
-                    ys[n] = gpu_s(fixed + self._memo(("idec", requests, n),
-                                                     lambda n=n: self.attn_decode(requests, n)),
-                                  padded)
-
-            def node_y(c: float, i: int) -> float:   # np.interp's formula on the grid segment
-                x = max(c, 1.0)
-                j = bisect.bisect_right(_NODES, x, i0, i1 + 1) - 1
-                x0 = _NODES[j]
-                if x == x0 or j == i1:
-                    return ys[x0]
-                x1 = _NODES[j + 1]
-                y0 = ys[x0]
-                return (ys[x1] - y0) / (x1 - x0) * (x - x0) + y0
+        ys = self._decode_ys.get(requests)
+        if ys is None:
+            ys = self._decode_ys[requests] = {}
         out: list[float] = []
         cum = 0.0
         for i in range(steps):
@@ -419,11 +507,34 @@ class StepCostModel:
                 break
             if i == RUN_HEAD_MAX:
                 return None
-            g = node_y(context0 + float(i), i)
+            c = context0 + float(i)
+            if steps <= 2:   # each step at its own context, as decode_run_s costs them
+                g = gpu_s(fixed + self.attn_decode(requests, c), padded)
+            else:   # np.interp's formula on the grid segment of the context
+                x = c if c >= 1.0 else 1.0
+                j = bisect.bisect_right(_NODES, x) - 1
+                x0 = _NODES[j]
+                y0 = ys.get(x0)
+                if y0 is None:
+                    y0 = ys[x0] = self._node_latency(requests, x0, fixed, padded)
+                if x == x0:
+                    g = y0
+                else:
+                    x1 = _NODES[j + 1]
+                    y1 = ys.get(x1)
+                    if y1 is None:
+                        y1 = ys[x1] = self._node_latency(requests, x1, fixed, padded)
+                    g = (y1 - y0) / (x1 - x0) * (x - x0) + y0
             d = (g if g >= host else host) if overlapped else g + host
             out.append(d)
             cum = d if i == 0 else cum + d
         return out
+
+    def _node_latency(self, requests: int, node: int, fixed: Part, padded: int | None) -> float:
+        """GPU seconds of a decode-only iteration at a context grid node (decode_run_s's
+        node values)."""
+        return self.gpu_s(fixed + self._memo(("idec", requests, node),
+                                             lambda: self.attn_decode(requests, node)), padded)
 
     # -- memory facts -----------------------------------------------------------------------
     def memory_facts(self):
