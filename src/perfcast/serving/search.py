@@ -209,9 +209,22 @@ def run_tasks(space: SearchSpace, todo: Sequence[Layout], executor: str,
               ) -> list[Candidate]:
     """Evaluate every layout; `on_done()` is called as each one finishes."""
     done = on_done or (lambda: None)
-    results = map_tasks(_run_task, [(space, lay) for lay in todo], executor, workers,
+    # the layouts with the most engines first (their simulations take longest), so the
+    # last ones to start are short; results come back in the layouts' order
+    order = sorted(range(len(todo)), key=lambda i: _engines(todo[i]), reverse=True)
+    results = map_tasks(_run_task, [(space, todo[i]) for i in order], executor, workers,
                         lambda i: done())
-    return [c for group in results for c in group]
+    by_layout = [None] * len(todo)
+    for i, group in zip(order, results):
+        by_layout[i] = group
+    return [c for group in by_layout for c in group]
+
+
+def _engines(layout: Layout) -> tuple[int, int]:
+    """(decoding engines, all engines) of a layout: what its simulations' length
+    grows with."""
+    decoding = layout.decode_workers if layout.mode == "disagg" else layout.workers
+    return decoding, layout.workers + layout.decode_workers
 
 
 def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
