@@ -216,7 +216,7 @@ class StepCostModel:
         self._fixed: dict[int, tuple] = {}   # _decode_fixed's, by requests
         self._decode_ys: dict[int, dict[int, float]] = {}      # its grid-node latencies
         self._run_nodes: dict[tuple, tuple] = {}   # decode_run_s's node arrays, by segment
-        self._padded: tuple = (None, {})           # graph_padded's sizes, by token count
+        self._padded: dict[int, int | None] = {}   # graph_padded's sizes, by token count
         cls = type(self)   # decode_run_head mirrors these two (not a subclass's own)
         self._run_head = interpolate and cls.decode_run_s is StepCostModel.decode_run_s \
             and cls.with_host is StepCostModel.with_host
@@ -377,12 +377,9 @@ class StepCostModel:
             return None
         if rank_tokens is None:
             rank_tokens = self.busiest_rank(shape)[0]
-        memo = self._padded
-        if memo[0] is not self.cuda_graph:   # captured sizes by token count, per config
-            memo = self._padded = (self.cuda_graph, {})
-        hit = memo[1].get(rank_tokens, 0)
+        hit = self._padded.get(rank_tokens, 0)
         if hit == 0:
-            hit = memo[1][rank_tokens] = self.cuda_graph.padded(rank_tokens)
+            hit = self._padded[rank_tokens] = self.cuda_graph.padded(rank_tokens)
         return hit
 
     def kernel_parts(self, shape: StepShape) -> tuple[Part, int | None]:
