@@ -34,6 +34,21 @@ def test_json_fields_and_consistency():
     assert any(o["operator"] == "tensor_cast.all_reduce.default" for o in doc["ops"])
 
 
+def test_json_ops_carry_input_and_output_tensors():
+    r = run("estimate", "meta-llama/Llama-3.1-70B", "--tp-size", "8", "--num-queries", "4",
+            "--query-length", "1", "--context-length", "100", "--decode", "--format", "json",
+            "--calibration", "none")
+    assert r.exit_code == 0, r.output
+    ops = {o["group"]: o for o in json.loads(r.output)["ops"]}
+    # the o-projection of 4 decode tokens: x [4, 64 heads x 128 / tp 8] times W [1024, 8192]
+    o_proj = ops["attn.o_proj"]
+    assert o_proj["inputs"][0] == [[4, 1024], "bf16"]
+    assert [[4, 8192], "bf16"] in o_proj["outputs"]
+    assert ops["embed.lookup"]["inputs"][0] == [[4], "int64"]
+    assert all(isinstance(o["inputs"], list) and isinstance(o["outputs"], list)
+               for o in ops.values())
+
+
 def test_table_output_and_memory_warning():
     r = run("estimate", "meta-llama/Llama-3.1-405B", "--device", "h100_sxm", "--tp-size", "1",
             "--query-length", "16")

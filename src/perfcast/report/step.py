@@ -124,6 +124,11 @@ def plan_json(result: StepResult) -> dict[str, Any] | None:
     return None if result.timeline is None else result.timeline.summary()
 
 
+def tensors_json(tensors) -> list[list[Any]]:
+    """`[[shape, dtype], ...]`, one pair per tensor, as `--dump-input-shapes` lists them."""
+    return [[list(t.shape), t.dtype] for t in tensors]
+
+
 def ops_json(costed, system_name: str, *, include_attempts: bool = False) -> list[dict[str, Any]]:
     """The `ops` list of `perfcast estimate --format json` for one CostedGraph."""
     ops = []
@@ -138,7 +143,11 @@ def ops_json(costed, system_name: str, *, include_attempts: bool = False) -> lis
             "confidence": est.confidence, "uncertainty": uncertainty_json(est.uncertainty),
             "validity": dict(est.validity), "raw_record_ids": list(est.raw_record_ids),
             "assumptions": list(est.assumptions),
+            "inputs": tensors_json(ct.task.inputs), "outputs": tensors_json(ct.task.outputs),
         }
+        formats = [t.format for t in ct.task.inputs]
+        if any(f != "ND" for f in formats):
+            op["input_formats"] = formats
         if row.label == "partial":
             op["partial"] = True
         if row.measured_on:
