@@ -131,12 +131,14 @@ def _missing_columns(columns: tuple[str, ...], path: str) -> list[str]:
     return missing
 
 
-def validate_database(directory: str | Path, decomposers=None) -> ValidationReport:
+def validate_database(directory: str | Path, decomposers=None,
+                      mapping_file: str | Path | None = None) -> ValidationReport:
+    """Check DIR's op_mapping.yaml (or `mapping_file`, read against DIR's CSVs)."""
     d = Path(directory)
     report = ValidationReport(str(d))
     decomposers = COMPOSITE_DECOMPOSERS if decomposers is None else decomposers
     try:
-        mapping = load_op_mapping(d)
+        mapping = load_op_mapping(mapping_file or d)
     except PerfcastError as exc:
         report.issues.append(Issue("error", str(d), str(exc)))
         return report
