@@ -117,6 +117,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _text(dumper: yaml.SafeDumper, value: str):
+    value = value.rstrip("\n")  # folded notes of the reference end in a newline
     style = "|" if "\n" in value.strip() else None
     return dumper.represent_scalar("tag:yaml.org,2002:str",
                                    value.strip() + "\n" if style else value, style=style)
