@@ -200,3 +200,18 @@ def test_quant_matmul_is_int8_gemm_dequantised():
     ref = (x.int() @ w.int().t()).float() * scale
     assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), ref, rtol=1e-2)
     assert call().shape == (32, 48)
+
+
+def test_npu_worker_receives_output_shapes_and_reasons():
+    """The NPU worker rebuilds each case from JSON: output-shape replays and the reason of
+    a kernel without a replay survive the trip."""
+    import json
+
+    from perfcast.collect.replay.npu import case_to_json
+    from perfcast.collect.replay.npu_worker import case_from_json
+
+    for case in (_case("PadV3", "3,5", "DT_BF16", "4,8"),
+                 _case("GroupedMatmulSwigluQuant", "16,64;4,64,128", "INT8;INT8")):
+        back = case_from_json(json.loads(json.dumps(case_to_json(case))))
+        assert back.output_shapes == case.output_shapes
+        assert back.spec == case.spec
