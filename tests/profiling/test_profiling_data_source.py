@@ -286,19 +286,42 @@ def test_static_composite_comm_miss(ds):
     assert missed(ds.lookup(mc2)).reason == "comm_sub_kernel_miss"
 
 
-def mla(batch, q_tokens, kv_len):
+def mla(batch, q_tokens, kv_len, **axes):
     t = batch * q_tokens
     return op("tensor_cast.multihead_latent_attention.default", [((t, 16, 192), BF)],
               batch=batch, q_tokens=q_tokens, kv_len=kv_len, heads=16, kv_lora_rank=512,
-              qk_nope_head_dim=128, v_head_dim=128)
+              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, kv_dtype=BF, **axes)
 
 
-def test_decomposer_composite_full_hit(ds):
+def test_mla_decode_hits_the_real_fixture_token_first(fia_ds):
+    # DeepSeek-V3 at TP8 (16 local heads), 4 requests at 2,049 tokens: the real fixture's
+    # TransposeBatchMatMul rows (token-first) and its FIA row (4,16,1,512) at 2048
+    r = hit(fia_ds.lookup(mla(4, 1, 2049)))
+    assert r.source is QuerySource.MEASURED and r.latency_us == pytest.approx(55.0)
+    assert r.details["sub_kernel_durations"] == [
+        ("TransposeBatchMatMul", 15.0), ("FusedInferAttentionScore", 28.0),
+        ("TransposeBatchMatMul", 12.0)]
+    q_absorb, fia, out_absorb = r.sub_kernel_shapes
+    assert q_absorb.simulation_shapes == ((4, 16, 128), (16, 128, 512)) == q_absorb.kernel_shapes
+    assert out_absorb.simulation_shapes == ((4, 16, 512), (16, 512, 128))
+    assert fia.kernel_shapes == ((4, 16, 1, 512),)
+
+
+def test_mla_absorb_layout_follows_the_kernel(ds):
+    # the mapping lists no sub_kernels: q @ W_UK_T tries BatchMatMulV2 first, which
+    # torch.bmm feeds heads-first; out @ W_UV is TransposeBatchMatMul, token-first
     r = hit(ds.lookup(mla(4, 1, 2048)))
-    # BatchMatMulV2 8.0 + FIA decode (4,16,512) 28.0 + TransposeBatchMatMul 12.0
-    assert r.source is QuerySource.MEASURED and r.latency_us == pytest.approx(48.0)
-    assert [s.kernel_type for s in r.sub_kernel_shapes] == [
-        "BatchMatMulV2", "FusedInferAttentionScore", "TransposeBatchMatMul"]
+    assert r.source is QuerySource.MEASURED and r.latency_us == pytest.approx(8.0 + 28.0 + 12.0)
+    assert [(s.kernel_type, s.simulation_shapes) for s in r.sub_kernel_shapes] == [
+        ("BatchMatMulV2", ((16, 4, 128), (16, 128, 512))),
+        ("FusedInferAttentionScore", ()),
+        ("TransposeBatchMatMul", ((4, 16, 512), (16, 512, 128)))]
+
+
+def test_mla_split_layout_core_is_only_the_attention(fia_ds):
+    # perfcast's split graph costs the absorb bmms as tasks of their own
+    r = hit(fia_ds.lookup(mla(4, 1, 2049, projections_in_call=0)))
+    assert r.latency_us == 28.0 and r.kernel_type == "FusedInferAttentionScore"
 
 
 def test_decomposer_partial_and_full_miss(ds):
@@ -306,6 +329,8 @@ def test_decomposer_partial_and_full_miss(ds):
     r = hit(ds.lookup(mla(1, 96, 64)))
     assert r.source is QuerySource.PARTIAL and r.latency_us == 20.0
     assert r.details["missed_kernels"] == ["MatMulV2"]
+    (spec,) = r.details["missed_specs"]  # priced by EmpiricalPerformanceModel
+    assert spec.work.operation == "gemm" and spec.work.flops == 2.0 * 96 * 512 * 16 * 256
     assert r.confidence == 0.5
     m = missed(ds.lookup(mla(1, 96, 1000)))
     assert m.reason == "sub_kernel_miss:MatMulV2,FusedInferAttentionScore"

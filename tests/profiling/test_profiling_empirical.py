@@ -59,20 +59,47 @@ def test_communication_and_attention_hits(step):
     assert att.latency_s == pytest.approx(31.0e-6) and att.statistics["csv_avg_seq_len"] == 2048
 
 
-def test_partial_is_used_but_marked(a3, pm):
+def _partial_query(a3):
     from perfcast.core.frozen import FrozenDict
     from perfcast.evidence.contracts import CostQuery, CostSubject
     from perfcast.workload.tensors import TensorSpec
-    q = CostQuery(subject=CostSubject.OPERATOR, operation="mla", hardware=a3.name, dtype="bf16",
-                  flops=1e9, bytes_read=1e6,
-                  operator="tensor_cast.multihead_latent_attention.default",
-                  inputs=(TensorSpec((96, 16, 192), "bf16"),),
-                  dims=FrozenDict(batch=1, q_tokens=96, kv_len=64, heads=16, kv_lora_rank=512,
-                                  qk_nope_head_dim=128, v_head_dim=128))
+    # MLA prefill: FIA (96,16,128) at 64 has a row (20.0 us), MatMulV2 (96,512) none
+    return CostQuery(subject=CostSubject.OPERATOR, operation="mla_attention",
+                     hardware=a3.name, dtype="bf16", flops=1e9, bytes_read=1e6,
+                     operator="tensor_cast.multihead_latent_attention.default",
+                     inputs=(TensorSpec((96, 16, 192), "bf16"),),
+                     dims=FrozenDict(batch=1, q_tokens=96, kv_len=64, heads=16,
+                                     kv_lora_rank=512, qk_nope_head_dim=128,
+                                     qk_rope_head_dim=64, v_head_dim=128, kv_dtype="bf16"))
+
+
+def test_partial_prices_missed_sub_kernels_analytically(a3, pm):
+    from dataclasses import replace
+
+    from perfcast.core.frozen import FrozenDict
+    q = _partial_query(a3)
     est = pm.estimate(q)
-    assert est.latency_s == pytest.approx(20.0e-6)
+    # the missed MatMulV2 (96,512)x(512,4096) is priced by the analytic model from its work
+    gemm = replace(q, operation="gemm", flops=2.0 * 96 * 512 * 4096,
+                   bytes_read=(96 * 512 + 512 * 4096) * 2.0, bytes_written=96 * 4096 * 2.0,
+                   dims=FrozenDict(m=96, n=4096, k=512), operator="", inputs=())
+    analytic = build_resolver(a3).resolve(gemm).estimate.latency_s
+    assert analytic > 0
+    assert est.latency_s == pytest.approx(20.0e-6 + analytic)
+    assert est.statistics["measured_latency_s"] == pytest.approx(20.0e-6)
+    assert est.statistics["analytic_sub_kernels_s"] == pytest.approx(analytic)
     assert est.match_kind is MatchKind.SUBSET and est.statistics["source"] == "PARTIAL"
-    assert "MatMulV2" in est.assumptions[0]
+    assert "MatMulV2" in est.assumptions[0] and "analytic model" in est.assumptions[0]
+
+
+def test_partial_without_analytic_model_is_a_miss(a3, ds):
+    # a PARTIAL time that left the missed sub-kernel out would be wrong: fall back instead
+    from perfcast.evidence.contracts import Miss
+    bare = EmpiricalPerformanceModel(a3, ds)
+    assert isinstance(bare.estimate(_partial_query(a3)), Miss)
+    res = CostResolver([bare, *analytic_providers(a3)]).resolve(_partial_query(a3))
+    assert res.estimate.provider == "roofline"
+    assert "partial composite" in res.attempts[0].reason
 
 
 def test_zero_cost_is_declared(a3, pm):

@@ -117,3 +117,64 @@ def test_mtp_module_is_counted_when_requested():
     assert extra == pytest.approx(11.5e9 + 2 * 7168 * 7168, rel=0.02)
     with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
         graph(mtp_layers=2)
+
+
+# -- TensorCast's call layout (mla_call="tensorcast") ------------------------------------
+TC_STEPS = [(ParallelPlan(tp=16, ep=16), Batch.decode(8, 1024)),
+            (ParallelPlan(tp=8), Batch.decode(4, 2048)),
+            (ParallelPlan(tp=8), Batch.prefill(2, 512, context_length=1024)),
+            (ParallelPlan(tp=4), Batch.mixed((BatchSegment(2, 256, 0), BatchSegment(8, 1, 512))))]
+
+
+@pytest.mark.parametrize("model", [V3, "deepseek-ai/DeepSeek-V3.2"])
+@pytest.mark.parametrize("plan,batch", TC_STEPS)
+def test_tensorcast_layout_is_the_same_work(model, plan, batch):
+    split = graph(plan, batch, model=model)
+    tc = graph(plan, batch, model=model, mla_call="tensorcast")
+    assert tc.total_flops() == split.total_flops()
+    assert tc.total_bytes() == split.total_bytes()
+    assert tc.unique_flops() == pytest.approx(split.unique_flops(), rel=1e-12)
+    assert tc.param_count() == pytest.approx(split.param_count(), rel=1e-12)
+    assert tc.memory == split.memory
+    assert len(tc.tasks) < len(split.tasks)
+
+
+def test_tensorcast_layout_calls_what_tensorcast_records():
+    # DeepSeek-V3 TP16/EP16 decode of 8 requests over 1,024 cached tokens: the three MLA
+    # calls with the input shapes TensorCast's `--dump-input-shapes` records for it
+    g = graph(ParallelPlan(tp=16, ep=16), Batch.decode(8, 1024), mla_call="tensorcast")
+    mlapo, cache, core = (task(g, "L3-60.mla." + n) for n in ("mlapo", "kv_cache_write", "core"))
+    assert mlapo.operator == "tensor_cast.mlapo.default"
+    assert [t.shape for t in mlapo.inputs] == [
+        (8, 7168), (1, 8, 64), (1, 8, 64), (1536, 7168), (1536,), (1536, 1536), (576, 7168),
+        (512,)]
+    assert [t.shape for t in mlapo.outputs] == [(8, 8, 192), (8, 512), (8, 64), (8, 1536)]
+    assert cache.operator == "tensor_cast.concat_and_cache_mla.default"
+    assert [(t.shape, t.dtype) for t in cache.inputs][2:] == [((65, 128, 576), "bf16"),
+                                                              ((8,), "int64")]
+    assert core.operator == "tensor_cast.multihead_latent_attention.default"
+    assert [t.shape for t in core.inputs] == [
+        (8, 8, 192), (65, 128, 576), (8, 9), (9,), (8,), (8,), (8, 128, 512), (8, 512, 128),
+        (512, 2048)]
+    assert [t.shape for t in core.outputs] == [(8, 8, 128)]
+    assert core.work.axes["projections_in_call"] == 1
+    assert core.attributes["fused_parts"] == "mla.q_absorb,mla.core,mla.out_absorb"
+    assert {"L3-60.mla.q_absorb", "L3-60.mla.q_a_proj"}.isdisjoint(t.lineage for t in g.tasks)
+    # the split layout marks its core as attention only
+    assert task(graph(ParallelPlan(tp=16, ep=16), Batch.decode(8, 1024)),
+                "L3-60.mla.core").work.axes["projections_in_call"] == 0
+
+
+def test_tensorcast_layout_without_q_lora_and_unknown_layout():
+    m = load_model_spec(V3)
+    raw = dict(m.raw)
+    raw["q_lora_rank"] = None
+    no_lora = replace(m, raw=freeze(raw))
+    g = build_task_graph(no_lora, ParallelPlan(tp=8), Batch.decode(4, 100), mla_call="tensorcast")
+    mlapo = task(g, "L3-60.mla.mlapo")
+    # hidden, cos, sin, q_proj (H*192, h), kv_a_proj, kv norm weight
+    assert [t.shape for t in mlapo.inputs] == [(4, 7168), (1, 4, 64), (1, 4, 64),
+                                               (16 * 192, 7168), (576, 7168), (512,)]
+    assert len(mlapo.outputs) == 3
+    with pytest.raises(ConfigError, match="mla_call"):
+        graph(mla_call="fused")

@@ -135,6 +135,9 @@ def estimate_command(
                                                                  "(at most what the config declares)")] = 0,
     mla_form: Annotated[str, typer.Option("--mla-form", help="auto (absorbed for decode, naive "
                                                              "for prefill) | naive | absorbed")] = "auto",
+    mla_call: Annotated[str, typer.Option("--mla-call", help="auto (tensorcast with the "
+                                                             "profiling model, else split) | "
+                                                             "split | tensorcast")] = "auto",
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens "
                                                                  "(0: no rounding)")] = 0,
     reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
@@ -209,7 +212,7 @@ def estimate_command(
             moe_dispatch=moe_dispatch, expert_imbalance=expert_imbalance,
             quantize_linear_action=quantize_linear_action,
             quantize_attention_action=quantize_attention_action, kv_cache_dtype=kv_cache_dtype,
-            mtp_layers=mtp_layers, mla_form=mla_form, block_size=block_size,
+            mtp_layers=mtp_layers, mla_form=mla_form, mla_call=mla_call, block_size=block_size,
             reserved_memory_gb=reserved_memory_gb, num_queries=num_queries,
             query_length=query_length, context_length=context_length, decode=decode,
             decode_queries=decode_queries, decode_context_length=decode_context_length,
@@ -270,6 +273,7 @@ class EstimateArgs:
     kv_cache_dtype: Optional[str] = None
     mtp_layers: int = 0
     mla_form: str = "auto"
+    mla_call: str = "auto"
     block_size: int = 0
     reserved_memory_gb: float = 0.0
     num_queries: int = 1
@@ -350,7 +354,8 @@ def run_estimate(a: EstimateArgs, note=lambda text: None) -> EstimateRun:
                               overlap=a.overlap, full_timeline=a.full_timeline,
                               mtp_layers=a.mtp_layers, mla_form=a.mla_form,
                               block_size=a.block_size,
-                              reserve_bytes=a.reserved_memory_gb * 2**30)
+                              reserve_bytes=a.reserved_memory_gb * 2**30,
+                              mla_call=mla_call_for(a.mla_call, models))
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
     calibrated = calibrated_for(a.device, revision)
@@ -433,6 +438,17 @@ def performance_models(model: str, option: list[str] | None, extra: list[str]
         if n not in out:
             out.append(n)
     return model, out
+
+
+def mla_call_for(flag: str, models: list[str]) -> str:
+    """`--mla-call auto`: TensorCast's one MLA call when a TensorCast profiling database
+    answers (it keys MLA on that call), perfcast's split tasks otherwise."""
+    if flag == "auto":
+        return "tensorcast" if "profiling" in models else "split"
+    if flag not in ("split", "tensorcast"):
+        raise ConfigError(f"has value {flag!r}", field="--mla-call",
+                          expected="auto | split | tensorcast")
+    return flag
 
 
 def check_profiling_options(models: list[str], database: Path | None, interpolate: bool,

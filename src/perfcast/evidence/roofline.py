@@ -35,7 +35,8 @@ ANALYTIC_REL_STD = 0.3  # typical spread of roofline vs. measured kernels (20-60
 
 class RooflineCostProvider:
     """Latency = max(compute, memory) (`roofline`) or their sum (`no_overlap`), plus the
-    device's launch overhead. `use_efficiency=False` uses bare peaks.
+    device's launch overhead (once per kernel: `kernel_launches` of a fused call, else
+    one). `use_efficiency=False` uses bare peaks.
 
     compute = flops / (peak[engine][dtype] * efficiency[engine])
     memory  = (bytes_read + bytes_written) / (bandwidth * efficiency.memory)
@@ -105,7 +106,9 @@ class RooflineCostProvider:
         if compute_s == 0 and memory_s == 0:
             return Miss("query has neither FLOPs nor bytes and is not declared zero-cost")
         core = max(compute_s, memory_s) if self.mode == "roofline" else compute_s + memory_s
-        launch_s = dev.launch_overhead_s if self.include_launch else 0.0
+        # a fused call that runs as several kernels (`kernel_launches`) launches each
+        launches = int(query.dim("kernel_launches", 1) or 1)
+        launch_s = dev.launch_overhead_s * launches if self.include_launch else 0.0
         latency = core + launch_s
         bottleneck = "compute" if compute_s >= memory_s else "memory"
         intensity = query.flops / query.bytes_total if query.bytes_total else float("inf")

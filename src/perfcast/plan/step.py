@@ -52,6 +52,7 @@ class EstimateRequest:
     # workload options (perfcast.workload.build_task_graph)
     mtp_layers: int = 0
     mla_form: str = "auto"
+    mla_call: str = "split"         # split | tensorcast (see perfcast.workload.families.mla)
     block_size: int = 0
     reserve_bytes: float = 0.0
 
@@ -92,7 +93,7 @@ def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch) -> Ta
     return build_task_graph(model, request.plan, batch, request.precision,
                             logits=request.logits, mtp_layers=request.mtp_layers,
                             mla_form=request.mla_form, block_size=request.block_size,
-                            reserve_bytes=request.reserve_bytes)
+                            reserve_bytes=request.reserve_bytes, mla_call=request.mla_call)
 
 
 def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None) -> StepResult:

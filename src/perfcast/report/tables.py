@@ -116,7 +116,8 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False,
     if not wide:
         notes.append("narrow layout: --wide adds avg, bound and full operator names")
     if any(r.label == "partial" for r in rows):
-        notes.append("partial: a composite with sub-kernels measured, the rest not counted")
+        notes.append("partial: a composite with some sub-kernels measured, the rest priced by the "
+                     "analytic model")
     foreign = sorted({r.measured_on for r in rows if r.measured_on})
     if foreign:
         notes.append(f"*: evidence measured on {', '.join(foreign)}, not {result.system.name}")

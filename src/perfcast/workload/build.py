@@ -19,7 +19,8 @@ LOGITS_MODES = ("last", "all")
 def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
                      precision: Precision | None = None, *, logits: str = "last",
                      mtp_layers: int = 0, mla_form: str = "auto", block_size: int = 0,
-                     reserve_bytes: float = 0.0, training: bool = False) -> TaskGraph:
+                     reserve_bytes: float = 0.0, training: bool = False,
+                     mla_call: str = "split") -> TaskGraph:
     """Build the exact work of one step on one representative device per stage.
 
     Conventions (also stored in `TaskGraph.conventions`):
@@ -32,7 +33,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
       share (`Batch.per_dp_rank`), so per-device work x devices = single-device work;
     * `precision=None` reads the checkpoint's quantisation (`quant.precision_for_model`);
     * `mtp_layers`: MTP/next-n modules run once per step (at most what the config
-      declares); `mla_form`: auto | naive | absorbed (see `families.mla`);
+      declares); `mla_form`: auto | naive | absorbed, `mla_call`: split | tensorcast
+      (see `families.mla`);
     * `block_size` > 0 rounds each request's KV cache up to whole pages;
       `reserve_bytes`: framework reserve per device added to the memory facts;
     * `training=True` lets families emit training-only ops (the dropouts GPT configs
@@ -54,7 +56,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     family = family_for(model.model_type, model.source)
     builder = GraphBuilder(model, plan, batch, precision,
                            options={"mtp_layers": mtp_layers, "mla_form": mla_form,
-                                    "training": training})
+                                    "training": training, "mla_call": mla_call})
     builder.conventions.update({
         "attention": "causal; FLOPs = 2*heads*(qk_dim+v_dim) per attended (query,key) pair",
         "logits": logits,
@@ -100,13 +102,15 @@ def split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
 
 def _activation_bytes(t: Task) -> float:
     """Live activation bytes while `t` runs: outputs plus inputs that are neither weights
-    nor the KV cache."""
+    nor the KV cache (the first `activation_inputs` when a task says so)."""
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
     out = sum(x.nbytes for x in t.outputs)
     rest_is_weight_or_cache = (t.operation in ("moe", "attention", "mla_attention")
                                or (t.operation == "gemm" and "weight_params" in t.attributes))
     ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
+    if "activation_inputs" in t.attributes:  # the inputs after these are weights / caches
+        ins = t.inputs[:int(t.attributes["activation_inputs"])]
     return out + sum(x.nbytes for x in ins)
 
 

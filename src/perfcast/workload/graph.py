@@ -170,7 +170,7 @@ class TaskGraph(Record):
         """FLOPs of the whole step with redundant copies counted once: a task that
         `replicas` devices compute identically (e.g. MLA's replicated down-projections
         under TP) counts once. Equal to the single-device FLOPs for every layout."""
-        return sum(t.work.flops * t.count * t.devices / int(t.attributes.get("replicas", 1))
+        return sum(t.work.flops * t.count * t.devices / float(t.attributes.get("replicas", 1))
                    for t in self.tasks)
 
     def total_bytes(self) -> float:
@@ -195,7 +195,7 @@ class TaskGraph(Record):
             if not local:
                 continue
             reps = int(t.attributes.get("layer_count", t.count))
-            total += float(local) * reps * int(t.attributes.get("weight_shards", 1))
+            total += float(local) * reps * float(t.attributes.get("weight_shards", 1))
         return total
 
 
@@ -521,6 +521,58 @@ class GraphBuilder:
                       bytes_written=written, axes=FrozenDict(all_axes)),
             attributes=FrozenDict(attrs),
             **self._common(group, layers, deps, None, devices, stage)))
+
+    def fuse(self, lineages: tuple[str, ...], primary: str, *, operator: str | None = None,
+             inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...] | None = None,
+             group: str | None = None, operation: str | None = None,
+             axes: dict | None = None, extra: dict | None = None) -> str:
+        """Replace the tasks `lineages` (just emitted, all of one run) by one call with
+        their summed work, as a framework that runs them inside one operator records it
+        (TensorCast's `mlapo`, its MLA holding both absorb bmms). The fused task keeps
+        the `primary` task's lineage, operator, operation, axes and attributes unless
+        `group`/`operator`/`operation` are given; deps are those of the first task,
+        outputs (unless given) those of the last. Weights (`weight_params`,
+        `weight_bytes`) add up; `weight_shards` and `replicas` become the weighted means
+        that keep `param_count` and `unique_flops` exact; axis `kernel_launches` counts
+        the parts' kernels (the analytic model launches each). `axes`/`extra` add lookup
+        axes / attributes."""
+        parts = [t for t in self.tasks if t.lineage in lineages]
+        if len(parts) != len(lineages) or any(t.count != parts[0].count for t in parts):
+            raise ValueError(f"cannot fuse {lineages}: not all emitted with one count")
+        head = next(t for t in parts if t.lineage == primary)
+        attrs = dict(head.attributes)
+        params = [float(t.attributes.get("weight_params", 0)) for t in parts]
+        for key in ("weight_params", "weight_bytes"):
+            total = sum(float(t.attributes.get(key, 0)) for t in parts)
+            if total:
+                attrs[key] = total
+        if sum(params):
+            shards = [float(t.attributes.get("weight_shards", 1)) for t in parts]
+            mean = sum(p * n for p, n in zip(params, shards)) / sum(params)
+            attrs["weight_shards"] = int(mean) if mean == int(mean) else mean
+        flops = sum(t.work.flops for t in parts)
+        unique = sum(t.work.flops / float(t.attributes.get("replicas", 1)) for t in parts)
+        attrs.pop("replicas", None)
+        if flops and unique and flops != unique:
+            reps = flops / unique
+            attrs["replicas"] = int(reps) if reps == int(reps) else reps
+        attrs["fused_parts"] = ",".join(t.group for t in parts)
+        attrs.update(extra or {})
+        w = head.work
+        launches = sum(int(t.work.axes.get("kernel_launches", 1)) for t in parts)
+        work = replace(w, flops=flops, bytes_read=sum(t.work.bytes_read for t in parts),
+                       bytes_written=sum(t.work.bytes_written for t in parts),
+                       axes=w.axes.replace(kernel_launches=launches, **(axes or {})))
+        changes: dict[str, Any] = {}
+        if group:
+            changes.update(group=group, lineage=head.lineage[:-len(head.group)] + group)
+        fused = replace(head, operator=operator or head.operator,
+                        operation=operation or head.operation, inputs=inputs,
+                        outputs=outputs or parts[-1].outputs, work=work, deps=parts[0].deps,
+                        attributes=FrozenDict(attrs), **changes)
+        self.tasks = [t for t in self.tasks if t.lineage not in lineages]
+        self._lineages.difference_update(lineages)
+        return self._add(fused)
 
     def build(self, memory: MemoryFacts) -> TaskGraph:
         return TaskGraph(model=self.model, plan=self.plan, batch=self.batch,

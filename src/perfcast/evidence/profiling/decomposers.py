@@ -4,13 +4,17 @@ derived from the operator's work axes at lookup time.
 `COMPOSITE_DECOMPOSERS` is a constant table; `ProfilingDataSource` accepts extra or
 replacement entries through its constructor (no registry is mutated at import time).
 The registry, not the YAML `decomposer: true` hint, controls runtime dispatch.
+
+Every sub-kernel carries the work it stands for (`SubKernelWork`), so a PARTIAL
+composite can price the sub-kernels that have no row with the analytic model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from perfcast.core.dtypes import dtype_bytes
 from perfcast.evidence.profiling.kernel_csv import query_dtype
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.profiling.op_mapping import OperatorMapping
@@ -20,67 +24,144 @@ Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
+class SubKernelWork:
+    """What one sub-kernel computes (for its analytic price when it has no row)."""
+
+    operation: str                       # gemm | mla_attention
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    dims: tuple[tuple[str, int | str], ...] = ()
+    engine: str = "matrix"
+
+
+@dataclass(frozen=True)
 class SubKernelSpec:
     kernel_type: str
     input_shapes: tuple[Shape, ...] = ()
     dtype: str = "bf16"                     # canonical dtype of every input
     attention: AttentionParams | None = None  # set for attention sub-kernels
     tc_input_count: int | None = None
-    alternate_kernel_types: tuple[str, ...] = ()
+    alternate_kernel_types: tuple[str, ...] = ()  # same inputs, other kernels
+    # the same sub-kernel as other kernels with their own input layout, tried in order
+    alternatives: tuple[SubKernelSpec, ...] = ()
+    work: SubKernelWork | None = None
 
     @property
     def kernel_types(self) -> tuple[str, ...]:
         return (self.kernel_type, *self.alternate_kernel_types)
+
+    @property
+    def candidates(self) -> tuple[SubKernelSpec, ...]:
+        return (self, *self.alternatives)
 
 
 Decomposer = Callable[[OpInvokeInfo, OperatorMapping], "list[SubKernelSpec] | None"]
 
 MLA_AXES = ("q_tokens", "kv_len", "heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
 
+# Batched-matmul kernels and the operand layout each records, inputs (x, w):
+# TransposeBatchMatMul is torch_npu.npu_transpose_batchmatmul with perm_x1=[1,0,2]: x
+# token-first (T, H, K) against w (H, K, N) (the real fixture's "4,16,128;16,128,512");
+# BatchMatMulV2 / BatchMatMulNd / QuantBatchMatmulV3 are torch.bmm after
+# x.transpose(0, 1): heads-first (H, T, K) x (H, K, N) (vllm-ascend mla_v1.py
+# `_q_proj_and_k_up_proj` / `_v_up_proj`).
+TOKEN_FIRST_BMM = frozenset({"TransposeBatchMatMul"})
+# kernels that may run each absorb bmm, in default order (the first with a row wins)
+Q_ABSORB_KERNELS = (("BatchMatMulV2", "BatchMatMulNd"), ("TransposeBatchMatMul",))
+OUT_ABSORB_KERNELS = (("TransposeBatchMatMul",), ("BatchMatMulV2", "BatchMatMulNd"))
 
-def _mla(op: OpInvokeInfo, first_kernel: str, first_alternates: tuple[str, ...]
+
+def _bmm_work(t: int, h: int, k: int, n: int, elem: float) -> SubKernelWork:
+    return SubKernelWork("gemm", 2.0 * h * t * k * n, (h * t * k + h * k * n) * elem,
+                         h * t * n * elem, (("m", t), ("n", n), ("k", k), ("batch", h)))
+
+
+def _bmm(groups: tuple[tuple[str, ...], ...], listed: tuple[str, ...], t: int, h: int,
+         k: int, n: int, dt: str, elem: float, tc_input_count: int | None = None
+         ) -> SubKernelSpec:
+    """One absorb bmm: a spec per kernel group with that group's layout. Groups the
+    mapping lists among its `sub_kernels` are tried first (its own declaration)."""
+    order = sorted(groups, key=lambda g: not any(k_ in listed for k_ in g))
+    work = _bmm_work(t, h, k, n, elem)
+    specs = [SubKernelSpec(g[0], ((t, h, k) if g[0] in TOKEN_FIRST_BMM else (h, t, k),
+                                  (h, k, n)), dt, tc_input_count=tc_input_count,
+                           alternate_kernel_types=g[1:], work=work) for g in order]
+    return replace(specs[0], alternatives=tuple(specs[1:]))
+
+
+def _mla(op: OpInvokeInfo, mapping: OperatorMapping, q_absorb: tuple[tuple[str, ...], ...]
          ) -> list[SubKernelSpec] | None:
-    """Multi-head latent attention on vLLM-Ascend 0.18.
+    """Multi-head latent attention on vLLM-Ascend (TensorCast's
+    `multihead_latent_attention`, whose call holds the absorb bmms / kv_b_proj):
 
-    decode  (one new token per request): first_kernel(q_nope @ W_UK^T) heads-first
-            (H,T,nope)x(H,nope,lora) + FIA over the latent cache (Q (B,H,lora), one KV
-            head, no mask) + TransposeBatchMatMul(out @ W_UV) (H,T,lora)x(H,lora,v);
+    decode  (one new token per request): q_nope @ W_UK_T as a batched matmul
+            (TransposeBatchMatMul token-first (T,H,nope)x(H,nope,lora), or BatchMatMulV2 /
+            BatchMatMulNd heads-first (H,T,nope)x(H,nope,lora)) + FIA over the latent
+            cache (Q (B,H,1,lora), one KV head, no mask) + out @ W_UV
+            (TransposeBatchMatMul (T,H,lora)x(H,lora,v), else BatchMatMulV2 heads-first);
     prefill: MatMulV2(kv_c @ kv_b_proj) (T,lora)x(lora,H*(nope+v)) + FIA on the
             decompressed K/V (Q (T,H,nope), H KV heads, causal).
+
+    With `projections_in_call` 0 (perfcast's split layout: the bmms / kv_b_proj are
+    tasks of their own) only the FIA sub-kernel is the operator's.
     Axes: q_tokens (per request), batch (requests), kv_len, heads (local), kv_lora_rank,
-    qk_nope_head_dim, v_head_dim."""
+    qk_nope_head_dim, v_head_dim; qk_rope_head_dim and kv_dtype size the analytic work."""
     if not op.inputs or any(op.dim(a) is None for a in MLA_AXES):
         return None
     dt = query_dtype(op.inputs[0].dtype)
+    a_b = dtype_bytes(op.inputs[0].dtype)
+    kv_b = dtype_bytes(str(op.dim("kv_dtype", op.inputs[0].dtype)))
     q_tokens, kv_len, h = int(op.dim("q_tokens")), int(op.dim("kv_len")), int(op.dim("heads"))
     lora, nope, v = (int(op.dim("kv_lora_rank")), int(op.dim("qk_nope_head_dim")),
                      int(op.dim("v_head_dim")))
+    rope = int(op.dim("qk_rope_head_dim", 0) or 0)
     batch = int(op.dim("batch", 1) or 1)
+    inside = bool(int(op.dim("projections_in_call", 1)))
+    listed = tuple(mapping.sub_kernels)
     t = batch * q_tokens
     if q_tokens == 1 and kv_len > 1:
-        return [
-            SubKernelSpec(first_kernel, ((h, t, nope), (h, nope, lora)), dt,
-                          tc_input_count=2 if first_kernel == "QuantBatchMatmulV3" else None,
-                          alternate_kernel_types=first_alternates),
-            SubKernelSpec("FusedInferAttentionScore", dtype=dt, attention=AttentionParams(
-                q_shape_3d=(batch, h, lora), avg_seq_len=kv_len, dtype=dt, sparse_mode=0,
-                num_kv_heads=1)),
-            SubKernelSpec("TransposeBatchMatMul", ((h, t, lora), (h, lora, v)), dt),
-        ]
-    return [
-        SubKernelSpec("MatMulV2", ((t, lora), (lora, h * (nope + v))), dt, tc_input_count=2),
-        SubKernelSpec("FusedInferAttentionScore", dtype=dt, attention=AttentionParams(
-            q_shape_3d=(t, h, nope), avg_seq_len=kv_len, dtype=dt, sparse_mode=3,
-            num_kv_heads=h)),
-    ]
+        fia = SubKernelSpec("FusedInferAttentionScore", dtype=dt, attention=AttentionParams(
+            q_shape_3d=(batch, h, lora), avg_seq_len=kv_len, dtype=dt, sparse_mode=0,
+            num_kv_heads=1), work=SubKernelWork(
+                "mla_attention", 2.0 * h * (2 * lora + rope) * batch * kv_len,
+                batch * h * (lora + rope) * a_b + batch * kv_len * (lora + rope) * kv_b,
+                batch * h * lora * a_b,
+                (("batch", batch), ("q_tokens", 1), ("kv_len", kv_len), ("heads", h),
+                 ("kv_heads", 1), ("head_dim", lora + rope), ("v_head_dim", lora),
+                 ("phase", "decode"))))
+        if not inside:
+            return [fia]
+        quant = q_absorb[0][0] == "QuantBatchMatmulV3"
+        return [_bmm(q_absorb, listed, t, h, nope, lora, dt, a_b, 2 if quant else None),
+                fia, _bmm(OUT_ABSORB_KERNELS, listed, t, h, lora, v, dt, a_b)]
+    context = kv_len - q_tokens
+    pairs = batch * (q_tokens * context + q_tokens * (q_tokens + 1) / 2)
+    fia = SubKernelSpec("FusedInferAttentionScore", dtype=dt, attention=AttentionParams(
+        q_shape_3d=(t, h, nope), avg_seq_len=kv_len, dtype=dt, sparse_mode=3,
+        num_kv_heads=h), work=SubKernelWork(
+            "mla_attention", 2.0 * h * (nope + rope + v) * pairs,
+            (t * h * (nope + rope) + batch * kv_len * h * (nope + rope + v)) * a_b,
+            t * h * v * a_b,
+            (("batch", batch), ("q_tokens", q_tokens), ("kv_len", kv_len), ("heads", h),
+             ("kv_heads", h), ("head_dim", nope + rope), ("v_head_dim", v),
+             ("phase", "prefill"))))
+    if not inside:
+        return [fia]
+    n = h * (nope + v)
+    return [SubKernelSpec("MatMulV2", ((t, lora), (lora, n)), dt, tc_input_count=2,
+                          work=SubKernelWork("gemm", 2.0 * t * lora * n,
+                                             (t * lora + lora * n) * a_b, t * n * a_b,
+                                             (("m", t), ("n", n), ("k", lora)))),
+            fia]
 
 
 def decompose_mla(op: OpInvokeInfo, mapping: OperatorMapping) -> list[SubKernelSpec] | None:
-    return _mla(op, "BatchMatMulV2", ("BatchMatMulNd",))
+    return _mla(op, mapping, Q_ABSORB_KERNELS)
 
 
 def decompose_mla_quant(op: OpInvokeInfo, mapping: OperatorMapping) -> list[SubKernelSpec] | None:
-    return _mla(op, "QuantBatchMatmulV3", ())
+    return _mla(op, mapping, (("QuantBatchMatmulV3",),))
 
 
 COMPOSITE_DECOMPOSERS: dict[str, Decomposer] = {

@@ -5,8 +5,11 @@ model), so one cost path serves both:
 
 * full HIT (MEASURED / INTERPOLATED): the empirical latency, method `measured` or
   `interpolated`; zero-cost and accepted-miss entries are declared zero;
-* PARTIAL: the latency of the sub-kernels that hit (method `measured`, match `subset`,
-  an assumption naming the missed kernels); coverage metrics count it as a miss;
+* PARTIAL: the latency of the sub-kernels that hit plus the analytic latency (the
+  fallback model) of each that missed, from the work its decomposer states (method
+  `measured`, match `subset`, an assumption naming the missed kernels and their priced
+  time); without a fallback model, or a missed sub-kernel with no stated work, it is a
+  MISS (never a time that leaves a sub-kernel out); coverage metrics count it as a miss;
 * MISS: `Miss(reason)`, so the resolver falls back and the attempts trace says why.
 
 With a `fallback_model` (the analytic resolver) every answer also carries the analytic
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from perfcast.core.canonical import content_digest
 from perfcast.core.errors import UnresolvedCostError
@@ -126,6 +130,28 @@ class EmpiricalPerformanceModel:
         except UnresolvedCostError:
             return None
 
+    def _price_missed(self, query: CostQuery, specs) -> tuple[float, str] | Miss:
+        """(seconds, text) of the missed sub-kernels of a PARTIAL composite, each priced
+        by the fallback model from the work its decomposer states."""
+        if self.fallback_model is None:
+            return Miss("partial composite: no analytic model to price the missed sub-kernels")
+        total, parts = 0.0, []
+        for spec in specs:
+            w = spec.work
+            if w is None:
+                return Miss(f"partial composite: missed sub-kernel {spec.kernel_type} "
+                            "states no work to price")
+            sub = replace(query, operation=w.operation, engine=w.engine, flops=w.flops,
+                          bytes_read=w.bytes_read, bytes_written=w.bytes_written,
+                          dims=FrozenDict(dict(w.dims)), operator="", inputs=(), outputs=())
+            try:
+                res = self.fallback_model.resolve(sub).estimate
+            except UnresolvedCostError as exc:
+                return Miss(f"partial composite: {spec.kernel_type} not priced ({exc})")
+            total += res.latency_s
+            parts.append(f"{spec.kernel_type} {res.latency_s * 1e6:.2f} us ({res.provider})")
+        return total, ", ".join(parts)
+
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
         answer = self._estimate(query)
         if self.foreign_device is None or isinstance(answer, Miss):
@@ -152,11 +178,18 @@ class EmpiricalPerformanceModel:
                                 match_kind=MatchKind.DECLARED, bottleneck="none",
                                 assumptions=(f"declared: {note}",), **common)
         assumptions: tuple[str, ...] = ()
+        latency_s = outcome.latency_us * 1e-6
         if outcome.source is QuerySource.PARTIAL:
+            priced = self._price_missed(query, outcome.details.get("missed_specs", ()))
+            if isinstance(priced, Miss):
+                return priced
             method, match = EstimateMethod.MEASURED, MatchKind.SUBSET
-            missed = ",".join(outcome.details.get("missed_kernels", ()))
-            assumptions = (f"partial composite: sub-kernels {missed} had no measurement and "
-                           "are not included",)
+            assumptions = (f"partial composite: sub-kernels without a measurement priced "
+                           f"by the analytic model: {priced[1]}",)
+            stats["measured_latency_s"] = latency_s
+            stats["analytic_sub_kernels_s"] = priced[0]
+            latency_s += priced[0]
+            common["statistics"] = FrozenDict(stats)
             unc = Uncertainty(kind="partial", rel_std=None)
         else:
             if outcome.source is QuerySource.INTERPOLATED:
@@ -164,6 +197,6 @@ class EmpiricalPerformanceModel:
             else:
                 method, match = EstimateMethod.MEASURED, MatchKind.EXACT
             unc = result_uncertainty(outcome)
-        return CostEstimate(latency_s=outcome.latency_us * 1e-6, method=method,
+        return CostEstimate(latency_s=latency_s, method=method,
                             match_kind=match, uncertainty=unc, assumptions=assumptions,
                             bottleneck="measured", **common)

@@ -14,6 +14,19 @@ Two forms, chosen per batch segment by a documented rule (`MLA_FORMS`):
 
 `auto` uses absorbed for decode segments (one or a few new tokens over a cached context)
 and naive otherwise, as vLLM and SGLang do.
+
+Two call layouts (`mla_call` build option, `MLA_CALLS`), the same work either way:
+
+* `split` (default): `mla.q_absorb`, `mla.core`, `mla.out_absorb` (or `mla.kv_b_proj`,
+  `mla.core`) are separate tasks, each costed on its own;
+* `tensorcast`: one `tensor_cast.multihead_latent_attention` call per batch segment
+  holding the absorb bmms (or `kv_b_proj`) and the attention, with the inputs TensorCast
+  passes (`layers/mla.py`, `ops/mla.py`): q (T, H, nope+rope), the paged latent cache
+  (blocks, 128, kv_lora+rope), block table (B, ceil(seq/128)), query_start_loc (B+1),
+  seq_lens (B), query_lens (B), W_UK_T (H, nope, kv_lora), W_UV (H, kv_lora, v) and
+  kv_b_proj (kv_lora, H*(nope+v)); the cache write is `concat_and_cache_mla`
+  (kv_c_normed, k_rot, cache, slot_mapping). A TensorCast profiling database keys its
+  MLA rows on that call (`evidence.profiling.decomposers`).
 """
 
 from __future__ import annotations
@@ -28,6 +41,12 @@ from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import TensorSpec
 
 MLA_FORMS = ("auto", "naive", "absorbed")
+MLA_CALLS = ("split", "tensorcast")
+# TensorCast's paged-cache geometry: block_size=128 and a pool of
+# ceil(batch * (seq_len + spec tokens + 1) / 128) blocks (core/input_generator.py
+# generate_inputs); metadata tensors are int64 (torch.long)
+TC_BLOCK_SIZE = 128
+TC_INDEX_DTYPE = "int64"
 MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -45,6 +64,55 @@ def mla_form_for(b: GraphBuilder, is_decode: bool) -> str:
     if form == "auto":
         return "absorbed" if is_decode else "naive"
     return form
+
+
+def mla_call_for(b: GraphBuilder) -> str:
+    call = b.options.get("mla_call", "split")
+    if call not in MLA_CALLS:
+        raise ConfigError(f"has value {call!r}", field="mla_call", expected=" | ".join(MLA_CALLS))
+    return call
+
+
+def _tc_cache(b: GraphBuilder, requests: int, seq_len: int, width: int) -> TensorSpec:
+    """TensorCast's paged latent cache of one layer: (blocks, 128, width)."""
+    spec = int(b.options.get("mtp_layers", 0) or 0)
+    blocks = -(-requests * (seq_len + spec + 1) // TC_BLOCK_SIZE)
+    return TensorSpec((blocks, TC_BLOCK_SIZE, width), b.precision.kv_cache)
+
+
+def _tc_mla_inputs(b: GraphBuilder, seg, heads: int, dims: dict[str, int]) -> tuple:
+    """The tensors TensorCast's `multihead_latent_attention` receives for one segment."""
+    lora, nope, rope, v = (dims["kv_lora_rank"], dims["qk_nope_head_dim"],
+                           dims["qk_rope_head_dim"], dims["v_head_dim"])
+    act, idx = b.precision.activation, TC_INDEX_DTYPE
+    r, seq_len = seg.num_requests, seg.context_tokens + seg.q_tokens
+    return (TensorSpec((seg.tokens, heads, nope + rope), b.precision.attention),
+            _tc_cache(b, r, seq_len, lora + rope),
+            TensorSpec((r, -(-seq_len // TC_BLOCK_SIZE)), idx),
+            TensorSpec((r + 1,), idx), TensorSpec((r,), idx), TensorSpec((r,), idx),
+            TensorSpec((heads, nope, lora), act), TensorSpec((heads, lora, v), act),
+            TensorSpec((lora, heads * (nope + v)), act))
+
+
+def _tc_mlapo_inputs(b: GraphBuilder, parts: tuple[str, ...], dims: dict[str, int]) -> tuple:
+    """What TensorCast's `mlapo` receives: hidden states, cos, sin (1, T, rope), then
+    q_a_proj (q_lora, h), its norm weight, q_b_proj (H*(nope+rope), q_lora) (q_proj
+    without q_lora), kv_a_proj (kv_lora+rope, h) and the kv norm weight, (out, in) each."""
+    by = {t.lineage: t for t in b.tasks if t.lineage in parts}
+    act, tokens, rope = b.precision.activation, b.local_batch.tokens, dims["qk_rope_head_dim"]
+
+    def weight(lineage: str) -> TensorSpec:  # perfcast's (k, n) operand as (n, k)
+        w = by[lineage].inputs[1]
+        return TensorSpec((w.shape[1], w.shape[0]), w.dtype, w.format)
+
+    hidden = TensorSpec((tokens, b.model.hidden_size), act)
+    rot = TensorSpec((1, tokens, rope), act)
+    q_lora = dims["q_lora_rank"]
+    lin = [ln for ln in parts if by[ln].operation == "gemm"]
+    q_side = ((weight(lin[0]), TensorSpec((q_lora,), act), weight(lin[1])) if q_lora
+              else (weight(lin[0]),))
+    return (hidden, rot, rot, *q_side, weight(lin[-1]),
+            TensorSpec((dims["kv_lora_rank"],), act))
 
 
 def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...],
@@ -87,16 +155,35 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                        inputs=(k_pe,), outputs=(k_pe,), flops=3 * k_pe.numel, layers=layers,
                        deps=(qr, kvn), stage=stage, extra_bytes_read=tokens * rope * 4,
                        replicas=tp)
+    tc_call = mla_call_for(b) == "tensorcast"
+    if tc_call:  # TensorCast's one pre-attention call: projections, norms and RoPE
+        pre = (qa, qn, q, kva, kvn, qr, rp) if q_lora else (q, kva, kvn, qr, rp)
+        rp = b.fuse(pre, q, group="mla.mlapo", operator="tensor_cast.mlapo.default",
+                    operation="mlapo", inputs=_tc_mlapo_inputs(b, pre, dims),
+                    extra={"activation_inputs": 3},
+                    outputs=(TensorSpec((tokens, heads, nope + rope), act),
+                             TensorSpec((tokens, lora), act), TensorSpec((tokens, rope), act))
+                    + ((TensorSpec((tokens, q_lora), act),) if q_lora else ()))
+        qn = rp
     cache = b.elementwise("mla.kv_cache_write", "tensor_cast.reshape_and_cache.default",
                           "kv_cache_write", inputs=(TensorSpec((tokens, lora + rope), act),),
                           outputs=(TensorSpec((tokens, lora + rope), kv_dt),), flops=0,
                           layers=layers, deps=(rp,), stage=stage, replicas=tp)
+    if tc_call:  # same work, TensorCast's operator and inputs
+        loc = b.local_batch
+        seq = max(s.context_tokens + s.q_tokens for s in loc.segments)
+        cache = b.fuse((cache,), cache, operator="tensor_cast.concat_and_cache_mla.default",
+                       inputs=(TensorSpec((tokens, lora), act), TensorSpec((tokens, rope), act),
+                               _tc_cache(b, loc.num_requests, seq, lora + rope),
+                               TensorSpec((tokens,), TC_INDEX_DTYPE)),
+                       extra={"activation_inputs": 2})
     forms = [mla_form_for(b, seg.is_decode) if sparse is None else "absorbed"
              for seg in b.local_batch.segments]
     weights_in_naive = "naive" in forms
     cache_per_token = (lora + rope) * dtype_bytes(kv_dt)
     mla_axes = {"kv_lora_rank": lora, "qk_rope_head_dim": rope, "qk_nope_head_dim": nope,
-                "head_dim": nope + rope, "v_head_dim": v, "tp_size": tp}
+                "head_dim": nope + rope, "v_head_dim": v, "tp_size": tp,
+                "projections_in_call": int(tc_call)}
     last: tuple[str, ...] = (cache,)
     attend = b.attention
     if sparse is not None:
@@ -120,7 +207,7 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
             core = b.attention("mla.core" + sfx, kv_heads=heads, qk_head_dim=nope + rope,
                                v_head_dim=v, deps=(kvb,),
                                axes={**mla_axes, "mla_form": "naive"}, **common)
-            last = (core,)
+            parts = (kvb, core)
         else:
             shared = weights_in_naive or done_absorbed
             extra = {"weight_params": 0, "weight_bytes": 0.0} if shared else None
@@ -135,7 +222,17 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                          layers=layers, deps=(core,), stage=stage, weight_shards=tp,
                          weight_dtype=act, act_dtype=act, extra=extra)
             done_absorbed = True
-            last = (oab,)
+            parts = (qab, core, oab)
+        if tc_call:
+            inputs = _tc_mla_inputs(b, seg, heads, dims)
+            if sparse is not None:  # the indexer's top-k positions, (1, T, topk) int64
+                inputs += (TensorSpec((1, s_tokens, sparse.topk), TC_INDEX_DTYPE),)
+            core = b.fuse(parts, core, inputs=inputs,
+                          outputs=(TensorSpec((s_tokens, heads, v), act),),
+                          extra={"activation_inputs": 1})
+            last = (core,)
+        else:
+            last = (parts[-1],)
     o = b.gemm("mla.o_proj", tokens, h, heads * v, layers=layers, deps=last, stage=stage,
                weight_shards=tp)
     return tp_all_reduce(b, "mla.all_reduce", tokens, h, tp, layers=layers, deps=(o,),

@@ -3,9 +3,11 @@
 * Static (`sub_kernels`, MC2-style): the non-communication entries are alternative
   compute kernels (the first that matches is used); `hcom_*` entries are communication
   kernels whose latency is added, with the message size of the matmul output.
-* Decomposed (a registered decomposer): every sub-kernel is queried; all hit -> MEASURED,
-  some hit -> PARTIAL (latency of the hits, counted as a miss in metrics), none ->
-  `sub_kernel_miss:<kernels>`.
+* Decomposed (a registered decomposer): every sub-kernel is queried (each of its
+  candidate kernels with its own input layout, in order); all hit -> MEASURED, some hit
+  -> PARTIAL (latency of the hits; `details["missed_specs"]` are the sub-kernels without
+  a row, which `EmpiricalPerformanceModel` prices with the analytic model; a miss in
+  metrics), none -> `sub_kernel_miss:<kernels>`.
 
 A composite's `rel_std` adds its sub-kernels' measured 1-sigmas in quadrature
 (`residuals.combine`); one unknown sub-kernel makes it unknown.
@@ -99,12 +101,29 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
 SubQuery = Callable[[object], "Candidate | LookupMiss"]
 
 
-def query_sub_kernel(ctx: LookupContext, spec) -> Candidate | LookupMiss:
+def _query_layout(ctx: LookupContext, spec) -> Candidate | LookupMiss:
     if spec.attention is not None:
         return query_attention(ctx, spec.kernel_types, spec.attention)
     inputs = [(s, spec.dtype) for s in spec.input_shapes]
     count = spec.tc_input_count if spec.tc_input_count is not None else len(inputs)
     return find_compute_match(ctx, spec.kernel_types, inputs, count)
+
+
+def query_sub_kernel(ctx: LookupContext, spec) -> Candidate | LookupMiss:
+    """The first candidate (kernel group with its own layout) that has a row; else the
+    first miss that found a CSV (else the first miss)."""
+    misses = []
+    for cand in spec.candidates:
+        found = _query_layout(ctx, cand)
+        if not isinstance(found, LookupMiss):
+            return found
+        misses.append(found)
+    return next((m for m in misses if m.reason != "csv_not_found"), misses[0])
+
+
+def _layout_of(spec, kernel_type: str):
+    """The candidate of `spec` whose kernels include `kernel_type` (its input layout)."""
+    return next((c for c in spec.candidates if kernel_type in c.kernel_types), spec)
 
 
 def _sub_uncertainty(found: Candidate, spec) -> dict:
@@ -127,16 +146,19 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
     query = sub_query or (lambda spec: query_sub_kernel(ctx, spec))
     total, hits, missed, durations, subs, ids, parts = 0.0, [], [], [], [], [], []
     interpolated = False
+    missed_specs = []
     for spec in specs:
         found = query(spec)
         if isinstance(found, LookupMiss):
             missed.append(spec.kernel_type)
+            missed_specs.append(spec)
             continue
         total += found.latency_us
         hits.append(found.kernel_type)
         interpolated |= bool(found.details.get("interpolated"))
         durations.append((found.kernel_type, round(found.latency_us, 3)))
-        subs.append(SubKernelShapeInfo(found.kernel_type, tuple(spec.input_shapes),
+        used = _layout_of(spec, found.kernel_type)
+        subs.append(SubKernelShapeInfo(found.kernel_type, tuple(used.input_shapes),
                                        (found.row.input_shapes[0],) if spec.attention
                                        else tuple(found.row.input_shapes), found.rule))
         ids.append(found.record_id)
@@ -147,7 +169,8 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
         return QueryResult(
             latency_us=total, confidence=len(hits) / len(specs), source=QuerySource.PARTIAL,
             details={"kernel_type": ",".join(hits), "hit_kernels": hits,
-                     "missed_kernels": missed, "sub_kernel_durations": durations,
+                     "missed_kernels": missed, "missed_specs": missed_specs,
+                     "sub_kernel_durations": durations,
                      "composite": True, "partial": True, "record_ids": ids},
             sub_kernel_shapes=tuple(subs))
     unc = combine(parts)
