@@ -137,6 +137,10 @@ def estimate_command(
                                                              "for prefill) | naive | absorbed")] = "auto",
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens "
                                                                  "(0: no rounding)")] = 0,
+    stack: Annotated[str, typer.Option("--stack", help="operator conventions of the software "
+                                       "stack: auto (tensorcast on Ascend NPUs, else default) "
+                                       "| default | tensorcast (fusion boundaries and the "
+                                       "tensors each call receives)")] = "auto",
     reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
                                                       help="framework reserve per device "
                                                            "(workspace, graphs), GiB")] = 0.0,
@@ -209,7 +213,7 @@ def estimate_command(
             moe_dispatch=moe_dispatch, expert_imbalance=expert_imbalance,
             quantize_linear_action=quantize_linear_action,
             quantize_attention_action=quantize_attention_action, kv_cache_dtype=kv_cache_dtype,
-            mtp_layers=mtp_layers, mla_form=mla_form, block_size=block_size,
+            mtp_layers=mtp_layers, mla_form=mla_form, block_size=block_size, stack=stack,
             reserved_memory_gb=reserved_memory_gb, num_queries=num_queries,
             query_length=query_length, context_length=context_length, decode=decode,
             decode_queries=decode_queries, decode_context_length=decode_context_length,
@@ -271,6 +275,7 @@ class EstimateArgs:
     mtp_layers: int = 0
     mla_form: str = "auto"
     block_size: int = 0
+    stack: str = "auto"
     reserved_memory_gb: float = 0.0
     num_queries: int = 1
     query_length: int = 1024
@@ -349,7 +354,7 @@ def run_estimate(a: EstimateArgs, note=lambda text: None) -> EstimateRun:
                               num_microbatches=a.num_microbatches, pp_schedule=a.pp_schedule,
                               overlap=a.overlap, full_timeline=a.full_timeline,
                               mtp_layers=a.mtp_layers, mla_form=a.mla_form,
-                              block_size=a.block_size,
+                              block_size=a.block_size, stack=a.stack,
                               reserve_bytes=a.reserved_memory_gb * 2**30)
     revision = load_calibration(a.calibration)
     system = load_system(a.device)

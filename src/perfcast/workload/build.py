@@ -11,6 +11,7 @@ from perfcast.workload.families.common import embedding, lm_head
 from perfcast.workload.graph import GraphBuilder, MemoryFacts, Precision, TaskGraph
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.plan_spec import Batch, ParallelPlan
+from perfcast.workload.stacks import OpStack
 from perfcast.workload.tensors import Task, TaskKind
 
 LOGITS_MODES = ("last", "all")
@@ -19,7 +20,8 @@ LOGITS_MODES = ("last", "all")
 def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
                      precision: Precision | None = None, *, logits: str = "last",
                      mtp_layers: int = 0, mla_form: str = "auto", block_size: int = 0,
-                     reserve_bytes: float = 0.0, training: bool = False) -> TaskGraph:
+                     reserve_bytes: float = 0.0, training: bool = False,
+                     stack: str | OpStack = "default") -> TaskGraph:
     """Build the exact work of one step on one representative device per stage.
 
     Conventions (also stored in `TaskGraph.conventions`):
@@ -36,7 +38,9 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     * `block_size` > 0 rounds each request's KV cache up to whole pages;
       `reserve_bytes`: framework reserve per device added to the memory facts;
     * `training=True` lets families emit training-only ops (the dropouts GPT configs
-      declare); `perfcast.training` derives backward and optimizer work from the graph.
+      declare); `perfcast.training` derives backward and optimizer work from the graph;
+    * `stack`: the operator conventions of the software stack (`perfcast.workload.stacks`:
+      fusion boundaries and the tensors each call receives); `default` or `tensorcast`.
     """
     if logits not in LOGITS_MODES:
         raise ConfigError(f"unknown logits mode {logits!r}", field="logits",
@@ -54,7 +58,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     family = family_for(model.model_type, model.source)
     builder = GraphBuilder(model, plan, batch, precision,
                            options={"mtp_layers": mtp_layers, "mla_form": mla_form,
-                                    "training": training})
+                                    "training": training, "stack": stack})
     builder.conventions.update({
         "attention": "causal; FLOPs = 2*heads*(qk_dim+v_dim) per attended (query,key) pair",
         "logits": logits,
@@ -63,6 +67,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
         "attention_dp": "each DP rank computes ceil(requests/dp) of every batch segment",
         "moe_dispatch": plan.moe_dispatch_mode,
         "moe_routing": "uniform over experts; busiest EP rank x expert_imbalance",
+        "stack": builder.stack.name,
     })
     if mtp_layers:
         builder.conventions["mtp_layers"] = str(mtp_layers)
@@ -98,6 +103,12 @@ def split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
+# operation -> the inputs that are activations when the call also receives a resident
+# tensor (the paged cache `reshape_and_cache` writes into, the embedding or RoPE table)
+RESIDENT_INPUTS = {"kv_cache_write": slice(0, 2), "embedding": slice(-1, None),
+                   "table_gather": slice(0, 0)}
+
+
 def _activation_bytes(t: Task) -> float:
     """Live activation bytes while `t` runs: outputs plus inputs that are neither weights
     nor the KV cache."""
@@ -107,6 +118,8 @@ def _activation_bytes(t: Task) -> float:
     rest_is_weight_or_cache = (t.operation in ("moe", "attention", "mla_attention")
                                or (t.operation == "gemm" and "weight_params" in t.attributes))
     ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
+    if t.operation in RESIDENT_INPUTS:  # the cache written in place, a resident table
+        ins = ins[RESIDENT_INPUTS[t.operation]]
     return out + sum(x.nbytes for x in ins)
 
 
