@@ -189,6 +189,8 @@ def test_torch_profiler_database_maps_to_op_stems_and_answers(tmp_path):
     mm = m.get("aten.mm.default")
     assert mm.kernel_type == "aten__mm" and "up to the token count" in mm.notes
     assert r.exit_code == 1  # the tiny model's other operators are TODO
+    clash = _init("--model", str(cfg), "--database", str(db), "--force", "--device", "h100_sxm")
+    assert clash.exit_code == 2 and "local_cpu" in clash.output
     from pathlib import Path
 
     device = Path(__file__).resolve().parents[1] / "collect" / "fixtures" / "local_cpu.yaml"

@@ -402,6 +402,9 @@ def estimate_record(run: EstimateRun) -> dict:
         docs[name]["sources"] = run.sources[name]
         docs[name]["providers"] = provider_counts(r)
         docs[name]["warnings"] = [run.warnings[name]] if name in run.warnings else []
+        # the profiling database's stack: what differs from the estimate's
+        docs[name]["warnings"] += run.sources[name].get("profiling_database", {}).get(
+            "warnings", [])
     if run.metrics is not None:
         docs["profiling"]["empirical_metrics"] = {k: run.metrics[k] for k in
                                                   ("m1", "m2", "m3", "m4", "m5")}

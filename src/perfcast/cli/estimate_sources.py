@@ -7,6 +7,9 @@ builds it), and the checks that keep it honest.
   `device` (op_mapping.yaml) or an evidence snapshot whose systems differ from the
   estimate's device stops the run, naming both; `--allow-foreign-evidence` uses it
   anyway and every such answer says so (`validity.measured_on`, an assumption).
+* A profiling database's software stack (`version`, `cann_version`, `pytorch_version`)
+  is shown and compared with `--runtime-version`; a difference, or a field the estimate
+  takes over unchecked, is a stated assumption (`evidence.profiling.stack`).
 * `--evidence` with the profiling model: one resolver asks the profiling database, then
   the evidence, then the analytic models; `analytic profiling` together with
   `--evidence` is refused (the "analytic" run would answer from the evidence).
@@ -98,9 +101,11 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
     from perfcast.evidence.profiling.devices import same_device
     from perfcast.evidence.profiling.op_mapping import MAPPING_FILE
     from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+    from perfcast.evidence.profiling.stack import stack_compatibility
 
     source = ProfilingDataSource(database, system, request.plan)
-    declared = source.mapping.device
+    mapping = source.mapping
+    declared = mapping.device
     foreign = None
     if not same_device(declared, system.name):
         if not allow_foreign:
@@ -118,7 +123,9 @@ def profiling_provider(request, system, database: Path, interpolate: bool,
     provider = EmpiricalPerformanceModel(system, source, fallback_model=analytic,
                                          foreign_device=foreign)
     info = {"path": str(database), "device": declared or None,
-            "identity": source.identity[:23], "interpolate": interpolate}
+            "identity": source.identity[:23], "interpolate": interpolate,
+            **stack_compatibility(mapping, system.name,
+                                  request.context.runtime_revision)}
     if foreign is not None:
         info["foreign_measured_on"] = declared or "undeclared"
     return provider, info

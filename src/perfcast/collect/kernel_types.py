@@ -31,6 +31,7 @@ class KernelTypeSpec:
     replay: str = ""
     args: tuple[int, ...] | None = None
     launch: str = ""      # "" = one process; "torchrun" = one process per EP rank (NPU only)
+    not_replayable: str = ""  # why no replay exists (set exactly when `replay` is not)
 
 
 LAUNCHES = ("", "torchrun")
@@ -53,10 +54,24 @@ def kernel_type_table(path: str | None = None) -> dict[str, KernelTypeSpec]:
         if launch not in LAUNCHES:
             raise ConfigError(f"unknown launch {launch!r}", source=str(src), field=name,
                               expected=" | ".join(repr(x) for x in LAUNCHES))
-        table[name] = KernelTypeSpec(name, entry["operation"], entry["layout"],
-                                     entry.get("replay", "") or "",
-                                     tuple(args) if args is not None else None, launch)
+        replay, reason = entry.get("replay") or "", entry.get("not_replayable") or ""
+        if bool(replay) == bool(reason):
+            raise ConfigError("needs exactly one of replay and not_replayable (the reason)",
+                              source=str(src), field=name)
+        table[name] = KernelTypeSpec(name, entry["operation"], entry["layout"], replay,
+                                     tuple(args) if args is not None else None, launch,
+                                     str(reason))
     return table
+
+
+def replay_table(table: Mapping[str, KernelTypeSpec] | None = None) -> str:
+    """The Markdown table of docs/collecting.md: each kernel type, its replay or why none."""
+    rows = ["| kernel type | operation | replay (torch) | not replayable because |",
+            "|---|---|---|---|"]
+    for name, spec in (table or kernel_type_table()).items():
+        replay = f"`{spec.replay}`" if spec.replay else "-"
+        rows.append(f"| `{name}` | {spec.operation} | {replay} | {spec.not_replayable or '-'} |")
+    return "\n".join(rows) + "\n"
 
 
 def spec_for(kernel_type: str) -> KernelTypeSpec | None:

@@ -37,6 +37,7 @@ class CostResolver:
     * `InvalidEvidenceError` (including ambiguity) propagates: no fallback hides it.
     * If every provider misses, `UnresolvedCostError` carries the attempts: an unknown
       cost never becomes zero.
+    * A comparison oracle (`InferenceBaseline`) is refused at construction.
     * Answers are cached per resolver (fixed providers and policy) by the exact, type-strict
       identity of the query.
     """
@@ -45,6 +46,14 @@ class CostResolver:
                  *, cache_size: int = 65536) -> None:
         if not providers:
             raise ValueError("a CostResolver needs at least one provider")
+        for p in providers:
+            if getattr(p, "comparison_oracle", False) is True:
+                raise TypeError(
+                    f"{type(p).__name__} is a comparison oracle (InferenceBaseline: "
+                    "lookup() only), not a cost provider: a CostResolver cannot install it. "
+                    "To cost with its rows, import them as evidence (e.g. "
+                    "VidurProfileImporter.from_csv) and install "
+                    "PerformanceDatabaseProvider(database)")
         self.providers = tuple(providers)
         self.policy = policy or ResolverPolicy()
         self._cache: dict[tuple, Resolution] = {}

@@ -162,8 +162,13 @@ def print_sources(sources: dict, counts: dict[str, int], console: Console) -> No
     if db:
         foreign = (f", FOREIGN: measured on {db['foreign_measured_on']}"
                    if db.get("foreign_measured_on") else "")
-        console.print(escape(f"profiling database: {db['path']} (device {db['device'] or '?'}"
+        from perfcast.evidence.profiling.stack import stack_summary
+
+        console.print(escape(f"profiling database: {db['path']} (device {db['device'] or '?'}, "
+                             f"{stack_summary(db)}"
                              f"{', interpolated' if db['interpolate'] else ''}{foreign})"))
+        for text in db.get("assumptions", ()):
+            console.print(escape(f"  assumption: {text}"))
     for ev in sources.get("evidence", ()):
         foreign = (f", FOREIGN: measured on {ev['foreign_measured_on']}"
                    if ev.get("foreign_measured_on") else "")

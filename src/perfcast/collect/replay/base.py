@@ -24,6 +24,7 @@ class ReplayCase:
     input_formats: tuple[str, ...] = ()
     input_strides: tuple[tuple[int, ...] | None, ...] = ()
     runtime: tuple[tuple[str, str], ...] = ()  # other key columns (avg_seq_len, EP Size)
+    output_shapes: tuple[tuple[int, ...] | None, ...] = ()  # as recorded (pad/slice targets)
 
     def runtime_value(self, *columns: str) -> str:
         """The first non-empty value of these runtime columns ("" when none)."""

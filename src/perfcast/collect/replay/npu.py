@@ -54,7 +54,9 @@ def case_to_json(case: ReplayCase) -> dict:
             "input_dtypes": ";".join(case.input_dtypes),
             "input_formats": ";".join(case.input_formats),
             "input_strides": format_shapes(case.input_strides),
-            "launch": case.spec.launch, "runtime": [list(kv) for kv in case.runtime]}
+            "launch": case.spec.launch, "runtime": [list(kv) for kv in case.runtime],
+            "not_replayable": case.spec.not_replayable,
+            "output_shapes": format_shapes(case.output_shapes)}
 
 
 def case_match_key(kernel_type: str, shapes: str, dtypes: str, formats: str) -> tuple:

@@ -20,11 +20,12 @@ from perfcast.collect.tables import parse_shapes, split_list
 def case_from_json(d: dict) -> ReplayCase:
     spec = KernelTypeSpec(d["kernel_type"], d["operation"], d["layout"], d.get("replay") or "",
                           tuple(d["args"]) if d.get("args") is not None else None,
-                          d.get("launch") or "")
+                          d.get("launch") or "", d.get("not_replayable") or "")
     return ReplayCase(d["case_id"], spec, parse_shapes(d["input_shapes"]),
                       split_list(d["input_dtypes"]), split_list(d["input_formats"]),
                       parse_shapes(d.get("input_strides", "")),
-                      tuple((k, v) for k, v in d.get("runtime") or ()))
+                      tuple((k, v) for k, v in d.get("runtime") or ()),
+                      parse_shapes(d.get("output_shapes", "")))
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs an NPU

@@ -135,10 +135,29 @@ def _transpose_bmm(x, w, *rest):
     return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
 
 
+def _masked_fill(x, mask, *rest):
+    """MaskedFill (aclnnInplaceMaskedFillScalar): x[mask] = 0 in place."""
+    import torch
+
+    return x.masked_fill_(mask.to(torch.bool), 0.0)
+
+
+def _interleave_rope(x, cos, sin, *rest):
+    """InterleaveRope: x (B, N, S, D) holds (even, odd) pairs; they are de-interleaved to
+    halves and rotated: y = x' * cos + rotate_half(x') * sin."""
+    import torch
+
+    d = x.shape[-1]
+    x = x.unflatten(-1, (d // 2, 2)).transpose(-1, -2).flatten(-2)
+    rotated = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+    return x * cos + rotated * sin
+
+
 NAMED_REPLAYS: dict[str, Callable[..., Any]] = {
     "rms_norm": _rms_norm, "swiglu": _swiglu, "sdpa": _sdpa, "add_rms_norm": _add_rms_norm,
     "dynamic_quant": _dynamic_quant, "ascend_quant": _ascend_quant,
     "softmax_last": _softmax_last, "argmax_last": _argmax_last, "transpose_bmm": _transpose_bmm,
+    "masked_fill": _masked_fill, "interleave_rope": _interleave_rope,
 }
 
 
@@ -232,14 +251,188 @@ def _fia(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
     return call
 
 
+# -- replays that read the recorded output shape or build their own index tensors --------
+def _output(case: ReplayCase, x) -> tuple[int, ...]:
+    out = case.output_shapes[0] if case.output_shapes else None
+    if out is None or len(out) != x.dim():
+        raise NotReplayable(f"{case.kernel_type} row needs an output shape of rank {x.dim()}")
+    return tuple(out)
+
+
+def _generator():
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(0)
+
+
+def _distinct_rows(n: int, total: int, device) -> Any:
+    """`n` distinct row indices out of `total` (a legal scatter target), int64."""
+    import torch
+
+    if n > total:
+        raise NotReplayable(f"{n} rows do not fit into {total}")
+    return torch.randperm(total, generator=_generator())[:n].to(device)
+
+
+def _pad_to_output(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """PadV3: constant (0) padding at the end of each dim up to the recorded output."""
+    import torch
+
+    x = slots[0]
+    out = _output(case, x)
+    if any(o < i for o, i in zip(out, x.shape)):
+        raise NotReplayable(f"output {out} is smaller than input {tuple(x.shape)}")
+    pad = [p for i, o in zip(reversed(x.shape), reversed(out)) for p in (0, o - i)]
+    return lambda: torch.nn.functional.pad(x, pad, mode="constant", value=0.0)
+
+
+def _slice_to_output(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """Slice (npu_slice at offset 0): a dense copy of the leading output-shaped block."""
+    import torch
+
+    x = slots[0]
+    out = _output(case, x)
+    if any(o > i for o, i in zip(out, x.shape)):
+        raise NotReplayable(f"output {out} is larger than input {tuple(x.shape)}")
+    index = tuple(slice(0, o) for o in out)
+    return lambda: x[index].clone(memory_format=torch.contiguous_format)
+
+
+def _transpose_to_output(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """Transpose: swap the first two dims where input and output differ (dims 0 and 1
+    when they differ in fewer), then make the result dense."""
+    x = slots[0]
+    out = _output(case, x)
+    diff = [i for i, (a, b) in enumerate(zip(x.shape, out)) if a != b]
+    d0, d1 = (diff[0], diff[1]) if len(diff) >= 2 else (0, 1)
+    if x.dim() < 2 or tuple(x.transpose(d0, d1).shape) != out:
+        raise NotReplayable(f"output {out} is not input {tuple(x.shape)} with two dims swapped")
+    return lambda: x.transpose(d0, d1).contiguous()
+
+
+def _index_rows(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """Index (aten.index.Tensor on dim 0): gather the output's row count of source rows."""
+    import torch
+
+    x = slots[0]
+    out = _output(case, x)
+    if not out or out[0] > x.shape[0] or tuple(out[1:]) != tuple(x.shape[1:]):
+        raise NotReplayable(f"output {out} is not a row selection of {tuple(x.shape)}")
+    idx = torch.arange(out[0], device=x.device)
+    return lambda: x[idx]
+
+
+def _scatter_nd_update(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """ScatterNdUpdate: data (R, ...), indices (N, 1), updates (N, ...): N distinct rows of
+    data replaced in place."""
+    data, indices, updates = (slots + [None] * 3)[:3]
+    if data is None or indices is None or updates is None or indices.dim() != 2 \
+            or indices.shape[1] != 1 or tuple(updates.shape[1:]) != tuple(data.shape[1:]):
+        raise NotReplayable("ScatterNdUpdate row needs data (R, ...), indices (N, 1) and "
+                            "updates (N, ...)")
+    rows = _distinct_rows(indices.shape[0], data.shape[0], data.device)
+    return lambda: data.index_copy_(0, rows, updates)
+
+
+def _reshape_and_cache(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """ReshapeAndCacheNdKernel: key, value (N, KVH, D) written into N distinct slots of
+    the paged caches (blocks, block_size, KVH, D); the slot mapping is the row's (N,)."""
+    if len([t for t in slots if t is not None]) != 5:
+        raise NotReplayable("ReshapeAndCacheNdKernel row needs key, value, key_cache, "
+                            "value_cache and slot_mapping")
+    key, value, kc, vc, slot_mapping = slots[:5]
+    n = key.shape[0]
+    flat_k = kc.reshape(kc.shape[0] * kc.shape[1], -1) if kc.dim() >= 2 else kc
+    flat_v = vc.reshape(vc.shape[0] * vc.shape[1], -1) if vc.dim() >= 2 else vc
+    k2, v2 = key.reshape(n, -1), value.reshape(n, -1)
+    if flat_k.dim() != 2 or k2.shape[1] != flat_k.shape[1] or v2.shape[1] != flat_v.shape[1] \
+            or slot_mapping.numel() != n:
+        raise NotReplayable(f"key {tuple(key.shape)} does not fit cache slots "
+                            f"{tuple(kc.shape)}")
+    slots_idx = _distinct_rows(n, flat_k.shape[0], kc.device)
+
+    def call():
+        flat_k.index_copy_(0, slots_idx, k2)
+        return flat_v.index_copy_(0, slots_idx, v2)
+
+    return call
+
+
+def _moe_token_permute(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """MoeTokenPermute: tokens (T, H) and expert ids (T, k) -> the T*k token copies
+    sorted by expert (a stable sort of distinct ids, then a row gather)."""
+    import torch
+
+    tokens, indices = (slots + [None] * 2)[:2]
+    if tokens is None or indices is None or indices.shape[0] != tokens.shape[0]:
+        raise NotReplayable("MoeTokenPermute row needs tokens (T, H) and indices (T, k)")
+    k = indices.shape[1] if indices.dim() == 2 else 1
+    ids = torch.randperm(indices.numel(), generator=_generator()).to(indices.device)
+
+    def call():
+        order = torch.argsort(ids, stable=True)
+        return tokens.index_select(0, order // k), order
+
+    return call
+
+
+def _moe_token_unpermute(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """MoeTokenUnpermute: permuted (T*k, H), sorted indices (T*k,), probs (T, k) -> each
+    token's k expert outputs gathered back and summed with its routing weights."""
+    import torch
+
+    permuted, sorted_idx, probs = (slots + [None] * 3)[:3]
+    if permuted is None or sorted_idx is None or probs is None or probs.dim() != 2 \
+            or probs.numel() != permuted.shape[0]:
+        raise NotReplayable("MoeTokenUnpermute row needs permuted (T*k, H), sorted indices "
+                            "and probs (T, k) (without probs the top-k is unknown)")
+    t, k = probs.shape
+    order = torch.randperm(permuted.shape[0], generator=_generator()).to(permuted.device)
+    return lambda: (permuted.index_select(0, order).view(t, k, -1)
+                    * probs.unsqueeze(-1).to(permuted.dtype)).sum(1)
+
+
+def _quant_matmul(case: ReplayCase, slots: list[Any]) -> Callable[[], Any]:
+    """QuantBatchMatmulV3 (W8A8): int8 x (M, K) times int8 weight (K, N) or (N, K) into
+    int32 (torch._int_mm), dequantised by the per-channel scale (and per-token scale when
+    recorded) to bf16."""
+    import torch
+
+    x, w, scale = (slots + [None] * 3)[:3]
+    if x is None or w is None or x.dtype != torch.int8 or w.dtype != torch.int8 or w.dim() != 2:
+        raise NotReplayable("QuantBatchMatmulV3 row needs int8 x (M, K) and int8 weight (2-D)")
+    k = x.shape[-1]
+    if w.shape[0] != k:
+        if w.shape[1] != k:
+            raise NotReplayable(f"weight {tuple(w.shape)} does not contract x {tuple(x.shape)}")
+        w = w.t().contiguous()
+    per_token = next((t for t in slots[3:] if t is not None and t.dim() == 1
+                      and t.shape[0] == x.numel() // k and t.dtype.is_floating_point), None)
+    x2 = x.reshape(-1, k)
+
+    def call():
+        y = torch._int_mm(x2, w).float()
+        if scale is not None:
+            y = y * scale.float()
+        if per_token is not None:
+            y = y * per_token.float().unsqueeze(-1)
+        return y.to(torch.bfloat16)
+
+    return call
+
+
 CASE_REPLAYS: dict[str, Callable[[ReplayCase, list[Any]], Callable[[], Any]]] = {
-    "grouped_matmul": _grouped_matmul, "fia": _fia,
+    "grouped_matmul": _grouped_matmul, "fia": _fia, "pad_to_output": _pad_to_output,
+    "slice_to_output": _slice_to_output, "transpose_to_output": _transpose_to_output,
+    "index_rows": _index_rows, "scatter_nd_update": _scatter_nd_update,
+    "reshape_and_cache": _reshape_and_cache, "moe_token_permute": _moe_token_permute,
+    "moe_token_unpermute": _moe_token_unpermute, "quant_matmul": _quant_matmul,
 }
 
 
-def resolve_callable(name: str) -> Callable[..., Any]:
+def resolve_callable(name: str, reason: str = "") -> Callable[..., Any]:
     if not name:
-        raise NotReplayable("kernel type has no torch replay (kernel_types.yaml)")
+        raise NotReplayable(reason or "kernel type has no torch replay (kernel_types.yaml)")
     if name in NAMED_REPLAYS:
         return NAMED_REPLAYS[name]
     module, _, attr = name.rpartition(".")
@@ -257,7 +450,7 @@ def build_call(case: ReplayCase, device: str) -> Callable[[], Any]:
     if case.spec.replay in CASE_REPLAYS:
         call = CASE_REPLAYS[case.spec.replay](case, make_slot_inputs(case, device))
         return _validated(call)
-    fn = resolve_callable(case.spec.replay)
+    fn = resolve_callable(case.spec.replay, case.spec.not_replayable)
     tensors = make_inputs(case, device)
     if case.spec.args is not None:
         try:

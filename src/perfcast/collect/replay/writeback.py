@@ -54,6 +54,7 @@ from perfcast.collect.tables import (
     MB_STD,
     MEDIAN,
     MICROBENCH_COLUMNS,
+    OUTPUT_SHAPES,
     PROFILING_AVG,
     STAT_COLUMNS,
     STD,
@@ -142,7 +143,9 @@ def case_for_row(table: KernelTable, index: int) -> ReplayCase | None:
         input_strides=parse_shapes(row.get(INPUT_STRIDES, ""), source=src, row=index + 2,
                                    column=INPUT_STRIDES),
         runtime=tuple((c, row.get(c, "")) for c in table.key_columns()
-                      if c not in KEY_COLUMNS and c != INPUT_STRIDES and (row.get(c) or "").strip()))
+                      if c not in KEY_COLUMNS and c != INPUT_STRIDES and (row.get(c) or "").strip()),
+        output_shapes=parse_shapes(row.get(OUTPUT_SHAPES, ""), source=src, row=index + 2,
+                                   column=OUTPUT_SHAPES))
 
 
 def apply_outcome(table: KernelTable, index: int, outcome: ReplayOutcome, backend: str,

@@ -196,7 +196,7 @@ TABLES: dict[str, TableMapping] = {
 
 def import_table(path: str | Path, *, hardware: str | None, framework: str, version: str,
                  table_name: str | None = None, source_revision: str = "",
-                 status: str = "") -> PerformanceDatabase:
+                 status: str = "", runtime_from: str = "") -> PerformanceDatabase:
     """One AIConfigurator Parquet table -> a database (all-or-nothing). The rows are
     labelled `hardware`; a `device` column naming another model is an error. With
     `hardware=None` the system is the one the `device` column names."""
@@ -279,6 +279,8 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         meta["device"] = str(table.column("device")[0].as_py())
     if status:
         meta["status"] = status
+    if runtime_from:
+        meta["runtime_from"] = runtime_from
     columns.update({
         "record_id": row_ids(f"{rel}#", n),
         "subject": const(mapping.subject.value, n),
@@ -466,6 +468,57 @@ def import_system(root: str | Path, *, hardware: str | None = None,
                                sources=[*db.sources, *({"skipped": s} for s in skipped)])
 
 
+def table_runtime(path: Path, framework: str | None = None, version: str | None = None
+                  ) -> tuple[str, str, str]:
+    """(framework, version, where they come from) of one table: the caller's keywords,
+    else `collection_meta.yaml` beside the file (`runtime:`), else the table's own
+    `framework` / `version` columns (one value each). A keyword that contradicts the file,
+    or a file that says nothing, is an error."""
+    import pyarrow.parquet as pq
+
+    src = str(path)
+    said: dict[str, tuple[str, str]] = {}       # field -> (value, where)
+    meta = path.parent / "collection_meta.yaml"
+    if meta.exists():
+        runtime = _read_yaml(meta).get("runtime") or {}
+        for key in ("framework", "version"):
+            if runtime.get(key) not in (None, ""):
+                said[key] = (str(runtime[key]), meta.name)
+    try:
+        names = set(pq.read_schema(path).names)
+        wanted = [k for k in ("framework", "version") if k in names and k not in said]
+        cols = pq.read_table(path, columns=wanted) if wanted else None
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ConfigError(f"cannot read Parquet: {exc}", source=src) from None
+    for key in wanted:
+        values = sorted({str(v) for v in pc.unique(cols.column(key)).to_pylist()
+                         if v not in (None, "")})
+        if len(values) > 1:
+            raise ConfigError(f"holds several values {values}", source=src, field=key,
+                              expected=f"one {key} per table, or {key}=... to import it")
+        if values:
+            said[key] = (values[0], f"the {key} column")
+    out = {}
+    for key, given in (("framework", framework), ("version", version)):
+        found = said.get(key)
+        if given:
+            if found and found[0].lower() != str(given).lower():
+                raise ConfigError(f"{found[1]} says {key} {found[0]!r}, not {given!r}",
+                                  source=src, field=key,
+                                  expected=f"{key}={found[0]!r}, or leave it out")
+            out[key] = (str(given), "the arguments")
+        elif found:
+            out[key] = found
+        else:
+            raise ConfigError(
+                f"cannot tell the runtime {key} of the table: no collection_meta.yaml "
+                f"beside it names one and it has no {key} column", source=src, field=key,
+                expected=f"{key}=... , or the AIConfigurator layout "
+                         "<system>/<family>/<framework>/<version>/ with collection_meta.yaml")
+    where = sorted({w for _, w in out.values()})
+    return out["framework"][0], out["version"][0], " and ".join(where)
+
+
 class AIConfiguratorPerformanceImporter:
     """Facade: `from_file` for one table, `from_system` for a whole folder."""
 
@@ -473,10 +526,20 @@ class AIConfiguratorPerformanceImporter:
     revision = IMPORTER_REVISION
 
     @staticmethod
-    def from_file(path: str | Path, *, hardware_name: str | None, framework: str, version: str,
-                  source_revision: str = "") -> PerformanceDatabase:
-        return import_table(path, hardware=hardware_name, framework=framework, version=version,
-                            source_revision=source_revision)
+    def from_file(path: str | Path, *, hardware_name: str | None = None,
+                  source_revision: str = "", framework: str | None = None,
+                  version: str | None = None) -> PerformanceDatabase:
+        """One table. `hardware_name` is a catalog id or alias (`h100-sxm`); without it,
+        the `<system>` folder of the layout, else the table's `device` column. The
+        runtime framework and version come from the file (`table_runtime`) unless given."""
+        from perfcast.evidence.importers.common import system_id
+
+        path = Path(path)
+        hardware = system_id(hardware_name, field="hardware_name") if hardware_name \
+            else folder_system(path.parent)
+        fw, ver, where = table_runtime(path, framework, version)
+        return import_table(path, hardware=hardware, framework=fw, version=ver,
+                            source_revision=source_revision, runtime_from=where)
 
     @staticmethod
     def from_system(root: str | Path, *, hardware_name: str | None = None,

@@ -117,6 +117,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _text(dumper: yaml.SafeDumper, value: str):
+    value = value.rstrip("\n")  # folded notes of the reference end in a newline
     style = "|" if "\n" in value.strip() else None
     return dumper.represent_scalar("tag:yaml.org,2002:str",
                                    value.strip() + "\n" if style else value, style=style)
@@ -192,6 +193,7 @@ class _Database:
         comm = directory / self.comm_ref if self.comm_ref else None
         self.comm_csvs = database_csvs(comm) if comm else {}
         self._tables: dict[str, KernelTable | None] = {}
+        self._groups: dict[str, list[tuple[Any, set[int]]]] = {}
 
     def has(self, kernel: str) -> bool:
         return kernel in self.csvs or (kernel.startswith(COMM_PREFIX) and kernel in self.comm_csvs)
@@ -212,17 +214,34 @@ class _Database:
                        tc_input_count: int | None = None, *, any_tokens: bool = False) -> int:
         """How many of `calls` have a row of `kernel` matching their inputs; with
         `any_tokens`, up to the token count (the leading dim the calls' first input and
-        the row's share)."""
-        table = self.table(kernel)
-        if table is None or kernel.startswith(COMM_PREFIX):
-            return 0
+        the row's share). Rows that differ only in their token count are tried once."""
+        groups = self._token_groups(kernel)
         hits = 0
         for call in calls:
             inputs = tc_inputs(call, tc_input_count)
-            if any(match_inputs(kernel, _tokens_as(inputs, row) if any_tokens else inputs, row,
-                                tc_input_count) for row in table.rows):
+            tokens = inputs[0][0][0] if inputs and inputs[0][0] else None
+            if any((any_tokens or tokens is None or tokens in counts)
+                   and match_inputs(kernel, _tokens_as(inputs, row), row, tc_input_count)
+                   for row, counts in groups):
                 hits += 1
         return hits
+
+    def _token_groups(self, kernel: str) -> list[tuple[Any, set[int]]]:
+        """The rows of `kernel` grouped by their tensors with the token count (the first
+        input's leading dim, wherever it leads a tensor) left out: one row of each group
+        and the group's token counts."""
+        if kernel not in self._groups:
+            table = self.table(kernel)
+            groups: dict[tuple, tuple[Any, set[int]]] = {}
+            for row in table.rows if table is not None and not kernel.startswith(COMM_PREFIX) \
+                    else ():
+                first = row.input_shapes[0] if row.input_shapes else ()
+                t = first[0] if first else None
+                key = (tuple((-1, *sh[1:]) if t is not None and sh and sh[0] == t else sh
+                             for sh in row.input_shapes), row.input_dtypes, row.input_formats)
+                groups.setdefault(key, (row, set()))[1].add(t)
+            self._groups[kernel] = list(groups.values())
+        return self._groups[kernel]
 
 
 def _tokens_as(inputs: list[tuple[Shape, str]], row) -> list[tuple[Shape, str]]:

@@ -4,24 +4,43 @@
 | path               | axis                                                   |
 |--------------------|--------------------------------------------------------|
 | compute            | first dim of the first input (all else exact)          |
-| attention special  | avg_seq_len (sqrt transform when the mapping's         |
-|                    | interpolation_policy says `axis_transform: sqrt_seq`)  |
+| attention special  | avg_seq_len                                            |
 | elementwise        | first dim of the output (dtype-byte scaling allowed)   |
 | decomposer         | each missed sub-kernel by its own path, then summed    |
 | static composite,  | not interpolated (exact ProfilingDataSource answer)    |
 | communication, MoE |                                                        |
 
 Both a lower and an upper measured point are required: it never extrapolates.
+
 Answers are `source=INTERPOLATED`; their `rel_std` and confidence are measured by
 leave-one-out on the same bracketing rows (`residuals.line_details`), or unknown with a
 reason when the line has too few rows.
+
+The mapping's `interpolation_policy` (TensorCast's fields) is honoured, or refused with
+a ConfigError naming the field; nothing in it is ignored (`interpolation_policy()`):
+
+* `kernel_overrides.<Kernel>.max_interpolation_dim`: the most axes one interpolation may
+  vary. perfcast varies one axis, so 1 or more allows it and 0 turns interpolation off
+  for that kernel;
+* `kernel_overrides.<Kernel>.axis_transform` (TensorCast's older `shape_transform`):
+  `linear`, or `sqrt_seq` (`sqrt`): interpolate in the square root of the axis, on
+  whichever path the kernel is queried;
+* `kernel_overrides.<Kernel>.generic_compute.axis`: the compute-path axis, `axis_0`
+  (default: first dim of the first input, every other input exact) or `output_numel`
+  (the output's element count; the output's trailing dims, input count and input dtypes
+  exact, input shapes free). A primary kernel's setting also covers its alternates;
+* `allow_extrapolation: false` (top level or per kernel) is what perfcast does; `true`
+  is refused. Any other field, and an operator-level `interpolation_policy`, is refused.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 from perfcast.core.dtypes import dtype_bytes
+from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.data_source import (
     DataSourcePerformanceModel,
     LookupMiss,
@@ -32,6 +51,7 @@ from perfcast.evidence.profiling.data_source import (
 )
 from perfcast.evidence.profiling.kernel_csv import KernelRow, KernelTable, query_dtype
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+from perfcast.evidence.profiling.op_mapping import OpMapping
 from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
 from perfcast.evidence.profiling.query_paths.attention import (
     AVG_SEQ_COLUMNS,
@@ -47,6 +67,109 @@ from perfcast.evidence.profiling.residuals import confidence_of, line_details
 from perfcast.evidence.profiling.shape_rules import match_inputs, strip_batch_dim
 
 TRANSFORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt_seq": math.sqrt}
+# policy spellings -> TRANSFORMS keys (TensorCast accepts `sqrt` for `sqrt_seq`)
+TRANSFORM_NAMES = {"linear": "linear", "sqrt_seq": "sqrt_seq", "sqrt": "sqrt_seq"}
+GENERIC_AXES = ("axis_0", "output_numel")
+KERNEL_FIELDS = ("max_interpolation_dim", "axis_transform", "shape_transform",
+                 "generic_compute", "allow_extrapolation")
+POLICY = "interpolation_policy"
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """One `interpolation_policy.kernel_overrides.<Kernel>` entry ("" = not set)."""
+
+    max_interpolation_dim: int | None = None
+    axis_transform: str = ""
+    generic_axis: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        """perfcast interpolates along one axis: allowed unless the ceiling is 0."""
+        return self.max_interpolation_dim is None or self.max_interpolation_dim >= 1
+
+
+def _no_extrapolation(value, source: str, fld: str) -> None:
+    if value is not False:
+        raise ConfigError(f"has value {value!r}", source=source, field=fld,
+                          expected="false (perfcast never extrapolates) or leave it out")
+
+
+def _kernel_policy(node, source: str, fld: str) -> KernelPolicy:
+    if node is None:
+        return KernelPolicy()
+    if not isinstance(node, dict):
+        raise ConfigError(f"has value {node!r}", source=source, field=fld,
+                          expected="a mapping of " + ", ".join(KERNEL_FIELDS))
+    values: dict = {}
+    for key, value in node.items():
+        where = f"{fld}.{key}"
+        if key == "max_interpolation_dim":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"has value {value!r}", source=source, field=where,
+                                  expected="an integer >= 0 (0: no interpolation for this "
+                                           "kernel; perfcast varies one axis)")
+            values["max_interpolation_dim"] = value
+        elif key in ("axis_transform", "shape_transform"):
+            name = TRANSFORM_NAMES.get(value) if isinstance(value, str) else None
+            if name is None:
+                raise ConfigError(f"has value {value!r}", source=source, field=where,
+                                  expected=" | ".join(TRANSFORM_NAMES))
+            if values.get("axis_transform", name) != name:
+                raise ConfigError("axis_transform and shape_transform disagree",
+                                  source=source, field=where, expected="one of them")
+            values["axis_transform"] = name
+        elif key == "generic_compute":
+            if value is None:
+                continue
+            if not isinstance(value, dict) or set(value) - {"axis"}:
+                raise ConfigError(f"has value {value!r}", source=source, field=where,
+                                  expected="{axis: " + " | ".join(GENERIC_AXES) + "}")
+            axis = value.get("axis", "axis_0")
+            if axis not in GENERIC_AXES:
+                raise ConfigError(f"has value {axis!r}", source=source, field=f"{where}.axis",
+                                  expected=" | ".join(GENERIC_AXES))
+            values["generic_axis"] = axis
+        elif key == "allow_extrapolation":
+            _no_extrapolation(value, source, where)
+        else:
+            raise ConfigError("is not supported by perfcast's interpolation", source=source,
+                              field=where, expected="one of " + ", ".join(KERNEL_FIELDS))
+    return KernelPolicy(**values)
+
+
+def interpolation_policy(mapping: OpMapping) -> dict[str, KernelPolicy]:
+    """The mapping's `interpolation_policy` per kernel type; a ConfigError naming any
+    field perfcast would not honour."""
+    source, policy = mapping.source, mapping.interpolation_policy or {}
+    for name, entry in mapping.operator_mappings.items():
+        if POLICY in entry.extra:
+            raise ConfigError("an operator-level interpolation_policy is not supported",
+                              source=source, field=f"operator_mappings.{name}.{POLICY}",
+                              expected=f"per-kernel settings in the top-level {POLICY}."
+                                       "kernel_overrides.<Kernel>")
+    for key, value in policy.items():
+        if key == "allow_extrapolation":
+            _no_extrapolation(value, source, f"{POLICY}.{key}")
+        elif key != "kernel_overrides":
+            raise ConfigError("is not supported by perfcast's interpolation", source=source,
+                              field=f"{POLICY}.{key}",
+                              expected="kernel_overrides.<Kernel> (" + ", ".join(KERNEL_FIELDS)
+                                       + ") or allow_extrapolation: false")
+    overrides = policy.get("kernel_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"has value {overrides!r}", source=source,
+                          field=f"{POLICY}.kernel_overrides",
+                          expected="a mapping of kernel type -> settings")
+    return {str(k): _kernel_policy(v, source, f"{POLICY}.kernel_overrides.{k}")
+            for k, v in overrides.items()}
+
+
+def numel_shape(shape: Shape) -> Shape:
+    """TensorCast's canonical output shape for `output_numel`: a leading 1 of a rank-3+
+    shape dropped."""
+    return tuple(shape[1:]) if len(shape) >= 3 and shape[0] == 1 else tuple(shape)
+
 
 Shape = tuple[int, ...]
 Point = tuple[float, float, KernelTable, KernelRow]  # (x, latency_us, table, row)
@@ -88,26 +211,39 @@ def _candidate(kernel_type: str, axis: str, x: float, found, points: Sequence[Po
 class InterpolatingDataSource(DataSourcePerformanceModel):
     def __init__(self, base: ProfilingDataSource) -> None:
         self.base = base
-        policy = base.mapping.interpolation_policy or {}
-        self.kernel_overrides: dict = dict(policy.get("kernel_overrides") or {})
+        self.policy: dict[str, KernelPolicy] = interpolation_policy(base.mapping)
 
     @property
     def identity(self) -> str:
         return self.base.identity + "+interpolation"
 
+    def kernel_policy(self, kernel_type: str) -> KernelPolicy:
+        return self.policy.get(kernel_type) or KernelPolicy()
+
     def transform_for(self, kernel_type: str, default: str = "linear") -> str:
-        t = (self.kernel_overrides.get(kernel_type) or {}).get("axis_transform", default)
-        return t if t in TRANSFORMS else default
+        return self.kernel_policy(kernel_type).axis_transform or default
+
+    def generic_axis(self, kernel_type: str, primary: str = "") -> str:
+        """The compute axis of `kernel_type`: its own `generic_compute`, else that of the
+        operator's primary kernel type, else `axis_0`."""
+        return (self.kernel_policy(kernel_type).generic_axis
+                or (self.kernel_policy(primary).generic_axis if primary else "") or "axis_0")
 
     # -- per-path interpolation ------------------------------------------------------
     def compute_candidate(self, kernel_types: Sequence[str], inputs: list[tuple[Shape, str]],
-                          tc_input_count: int | None) -> Candidate | None:
+                          tc_input_count: int | None, outputs: Sequence[Shape] = (),
+                          primary: str = "") -> Candidate | None:
         if not inputs or not inputs[0][0]:
             return None
         target = inputs[0][0][0]
         for kt in kernel_types:
             table = self.base.tables.get(kt)
-            if table is None:
+            if table is None or not self.kernel_policy(kt).enabled:
+                continue
+            if self.generic_axis(kt, primary) == "output_numel":
+                cand = self.output_numel_candidate(table, inputs, tc_input_count, outputs)
+                if cand is not None:
+                    return cand
                 continue
             points: list[Point] = []
             for row in table.rows:
@@ -122,10 +258,38 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
                                   self.transform_for(kt))
         return None
 
+    def output_numel_candidate(self, table: KernelTable, inputs: list[tuple[Shape, str]],
+                               tc_input_count: int | None, outputs: Sequence[Shape]
+                               ) -> Candidate | None:
+        """`generic_compute.axis: output_numel`: rows with the query's output trailing dims,
+        input count and input dtypes, bracketed on the output's element count."""
+        if len(outputs) != 1 or not outputs[0]:
+            return None
+        want = numel_shape(outputs[0])
+        dtypes = tuple(d for _, d in inputs)
+        points: list[Point] = []
+        for row in table.rows:
+            if len(row.output_shapes) != 1:
+                continue
+            got = numel_shape(row.output_shapes[0])
+            row_dtypes = row.input_dtypes[:tc_input_count] if tc_input_count is not None \
+                else row.input_dtypes
+            if got[1:] != want[1:] or tuple(row_dtypes) != dtypes:
+                continue
+            points.append((float(math.prod(got)), row.latency_us, table, row))
+        kt = table.kernel_type
+        x = float(math.prod(want))
+        found = bracket(points, x, TRANSFORMS[self.transform_for(kt)])
+        if found is None:
+            return None
+        return _candidate(kt, "output_numel", x, found, points, self.transform_for(kt))
+
     def attention_candidate(self, kernel_types: Sequence[str], p: AttentionParams
                             ) -> Candidate | None:
         for kt in kernel_types:
             table = self.base.tables.get(kt)
+            if table is not None and not self.kernel_policy(kt).enabled:
+                continue
             col = next((c for c in AVG_SEQ_COLUMNS if table is not None and table.has(c)), None)
             if table is None or col is None:
                 continue
@@ -147,7 +311,7 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
     def elementwise_candidate(self, kernel_type: str, out_shape: Shape, dtype: str
                               ) -> Candidate | None:
         table = self.base.tables.get(kernel_type)
-        if table is None or not out_shape:
+        if table is None or not out_shape or not self.kernel_policy(kernel_type).enabled:
             return None
         points: list[Point] = []
         for row in table.rows:
@@ -164,10 +328,11 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
             except Exception:
                 continue
             points.append((float(csv[0]), row.latency_us * scale, table, row))
-        found = bracket(points, float(out_shape[0]))
+        t = self.transform_for(kernel_type)
+        found = bracket(points, float(out_shape[0]), TRANSFORMS[t])
         if found is None:
             return None
-        return _candidate(kernel_type, "output_dim0", float(out_shape[0]), found, points)
+        return _candidate(kernel_type, "output_dim0", float(out_shape[0]), found, points, t)
 
     def sub_kernel(self, spec) -> Candidate | LookupMiss:
         exact = query_sub_kernel(self.base, spec)
@@ -208,7 +373,8 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
         elif m.query_mode not in ("attention_special", "moe_fused") and m.kernel_type:
             # compute path (also elementwise ops without an output, unknown query modes)
             inputs = tc_inputs(op, m.tc_input_count)
-            cand = self.compute_candidate(m.kernel_types, inputs, m.tc_input_count)
+            cand = self.compute_candidate(m.kernel_types, inputs, m.tc_input_count,
+                                          [tuple(t.shape) for t in op.outputs], m.kernel_type)
             sim = shapes_of(inputs)
         if cand is None:
             return exact
@@ -217,4 +383,5 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
                            ShapeMatchInfo(sim, tuple(cand.row.input_shapes), cand.rule))
 
 
-__all__ = ["AVG_SEQ_LEN_TOLERANCE", "InterpolatingDataSource", "bracket"]
+__all__ = ["AVG_SEQ_LEN_TOLERANCE", "InterpolatingDataSource", "KernelPolicy", "bracket",
+           "interpolation_policy"]

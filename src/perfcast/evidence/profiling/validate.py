@@ -9,6 +9,7 @@ from pathlib import Path
 
 from perfcast.core.errors import PerfcastError
 from perfcast.evidence.profiling.decomposers import COMPOSITE_DECOMPOSERS
+from perfcast.evidence.profiling.interpolating_data_source import interpolation_policy
 from perfcast.evidence.profiling.kernel_csv import (
     INPUT_DTYPES,
     INPUT_SHAPES,
@@ -151,6 +152,11 @@ def validate_database(directory: str | Path, decomposers=None,
     if not mapping.device:
         report.issues.append(Issue("warning", "device", "op_mapping.yaml declares no device; "
                                    "`estimate` uses it only with --allow-foreign-evidence"))
+    try:
+        interpolation_policy(mapping)
+    except PerfcastError as exc:
+        report.issues.append(Issue("warning", "interpolation_policy",
+                                   f"{exc}; `estimate --interpolate` refuses this database"))
     tables = KernelTables(d, comm_dir, mapping.device)
     uses: dict[tuple[str, bool], set[str]] = {}
     users: dict[str, list[str]] = {}

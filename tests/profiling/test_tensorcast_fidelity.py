@@ -1,0 +1,103 @@
+"""benchmarks/tensorcast_fidelity.py against the real TensorCast dumps in
+tests/fixtures/tensorcast/ (made by benchmarks/tensorcast/dump.py; see docs/profiling.md,
+"Comparing with TensorCast")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "tensorcast"
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "tensorcast_fidelity", ROOT / "benchmarks" / "tensorcast_fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fid = _load_benchmark()
+
+# Today's measured match fraction minus 0.02 per case, so it cannot regress; the target
+# of issue 18 is 0.90 (raise these as the graph builder gets closer).
+FLOORS = {
+    "deepseek_v3_decode_tp16_ep16": 0.048,  # measured 0.0685 (126/1840)
+    "deepseek_v3_decode_tp8": 0.000,  # measured 0.0173 (184/10656)
+    "qwen3_30b_a3b_decode_ep": 0.041,  # measured 0.0610 (97/1590)
+    "qwen3_32b_decode_tp4": 0.246,  # measured 0.2660 (257/966)
+    "qwen3_32b_prefill_tp4": 0.245,  # measured 0.2658 (257/967)
+    "qwen3_8b_decode_tp1": 0.286,  # measured 0.3066 (145/473)
+    "qwen3_8b_decode_w8a8": 0.000,  # measured 0.0018 (1/545)
+    "qwen3_8b_prefill_tp1": 0.285,  # measured 0.3059 (145/474)
+}
+
+
+def test_match_counts_a_multiset_by_signature():
+    a = ("aten.mm.default", ((8, 4096), (4096, 6144)))
+    b = ("tensor_cast.rms_norm.default", ((1, 8, 4096), (4096,)))
+    c = ("tensor_cast.add_rms_norm.default", ((8, 4096), (8, 4096), (4096,)))
+    tc = [(a, ("fp16", "fp16"), 3), (b, ("fp16", "fp16"), 2)]
+    pc = [(a, ("bf16", "bf16"), 1), (a, ("fp16", "fp16"), 1), (c, ("bf16",) * 3, 4)]
+    total, matched, matched_dt, tc_left, pc_left = fid.match(tc, pc)
+    assert (total, matched, matched_dt) == (5, 2, 1)
+    assert dict(tc_left) == {a: 1, b: 2}
+    assert dict(pc_left) == {c: 4}
+
+
+def test_signature_uses_table_inputs_unless_asked_for_all():
+    call = {"op": "torch.ops.aten.index.Tensor", "inputs": [[[40960, 128], "float16"]],
+            "list_inputs": {"1": [[[8], "int64"]]}, "count": 2}
+    assert fid.tc_signature(call) == (("aten.index.Tensor", ((40960, 128),)), ("fp16",))
+    assert fid.tc_signature(call, "all") == (
+        ("aten.index.Tensor", ((40960, 128), (8,))), ("fp16", "int64"))
+
+
+def test_view_ops_are_recognised_by_name_without_overload():
+    assert fid.is_view("aten.view.default") and fid.is_view("aten.split_with_sizes.default")
+    assert fid.is_view("torch.ops.aten.select.int") and fid.is_view("aten._unsafe_view.default")
+    assert not fid.is_view("aten.mm.default") and not fid.is_view("aten.add.Tensor")
+    assert not fid.is_view("tensor_cast.reshape_and_cache.default")
+
+
+def test_tensorcast_flags_map_to_perfcast_fields():
+    args = ["/m", "--device", "ATLAS_800_A3_752T_128G_DIE", "--num-queries", "8",
+            "--query-length", "1", "--context-length", "1024", "--decode", "--tp-size", "4",
+            "--ep-size", "4", "--num-devices", "4", "--compile", "--dump-input-shapes"]
+    got = fid.perfcast_args(args)
+    assert got == {"device": "atlas_800_a3_752t_128g_die", "num_queries": 8, "query_length": 1,
+                   "context_length": 1024, "decode": True, "tp_size": 4, "ep_size": 4,
+                   "num_devices": 4, "quantize_linear_action": "W8A8_DYNAMIC"}
+
+
+CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+
+def test_every_fixture_case_has_a_floor():
+    assert CASES, "no TensorCast fixtures"
+    assert sorted(FLOORS) == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixture_is_a_whole_tensorcast_run(case):
+    doc = json.loads((FIXTURES / f"{case}.json").read_text())
+    prov = doc["provenance"]
+    assert len(prov["msmodeling_commit"]) == 40 and prov["versions"]["torch"].startswith("2.13")
+    assert "--compile" in prov["tensorcast_args"]
+    assert sum(c["count"] for c in doc["calls"]) == doc["totals"]["calls"]
+    flops = sum((c["mma_ops"] + c["gp_ops"]) * c["count"] for c in doc["calls"])
+    assert flops == doc["totals"]["flops_per_device"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_match_fraction_does_not_regress(case):
+    rec = fid.compare(fid.load_fixture(FIXTURES / f"{case}.json"))
+    assert rec["matched"] <= rec["tensorcast_calls"]
+    assert rec["fraction"] >= FLOORS[case], (rec["fraction"], rec["unmatched"][:3])
