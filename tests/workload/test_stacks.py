@@ -97,3 +97,28 @@ def test_w8a8_quantises_activations_in_separate_ops():
     assert signature(g, "mlp.down_proj_quant")[1] == [[1, 8, 12288]]
     d = graph("default", precision=prec)
     assert "tensor_cast.dynamic_quantize_symmetric.default" not in [t.operator for t in d.tasks]
+
+
+def test_tensorcast_expert_parallel_moe_layer():
+    # Qwen3-30B-A3B at TP4 / EP4, 8 decode tokens (tests/fixtures/tensorcast/
+    # qwen3_30b_a3b_decode_ep.json): each TP rank routes its 2 tokens; TensorCast's split
+    # puts 2 x 8 = 16 rows on experts 0..15 of every source, so rank 0 computes 4 x 16 rows
+    g = graph("tensorcast", "Qwen/Qwen3-30B-A3B", plan=ParallelPlan(tp=4, ep=4))
+    assert signature(g, "moe.router")[1] == [[2, 2048], [2048, 128]]
+    assert signature(g, "moe.gating.topk") == ("aten.topk.default", [[2, 128]], 48)
+    assert signature(g, "moe.permute")[1] == [[2, 2048], [2, 8]]
+    dispatch = next(t for t in g.tasks if t.group == "moe.dispatch")
+    assert dispatch.outputs[0].shape == (64, 2048)
+    up = next(t for t in g.tasks if t.group == "moe.experts.gate_up")
+    assert up.operator == "tensor_cast.grouped_matmul_swiglu.default"
+    assert up.work.axes["groups"] == 16 and up.work.axes["m"] == 64
+    # 64 rows x (2048 x 1536 + 768 x 2048) multiply-adds x 2, as TensorCast counts
+    down = next(t for t in g.tasks if t.group == "moe.experts.down")
+    assert up.work.flops + down.work.flops == pytest.approx(
+        2 * 64 * (2048 * 1536 + 768 * 2048) + 5 * 64 * 768)
+    assert signature(g, "moe.tp_all_gather")[1] == [[2, 2048]]
+    # the MoE output is viewed back to [1, T, h] for the residual add
+    assert signature(g, "mlp.residual_add")[1] == [[1, 8, 2048], [1, 8, 2048]]
+    # parameters are those of the default graph: every expert once
+    d = graph("default", "Qwen/Qwen3-30B-A3B", plan=ParallelPlan(tp=4, ep=4))
+    assert g.param_count(embedding=False) == pytest.approx(d.param_count(embedding=False))

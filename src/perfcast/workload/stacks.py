@@ -24,6 +24,9 @@ CHOICES = {
     "tensors": ("flat", "tensorcast"),
     "embedding": ("vocab_parallel", "replicated"),
     "activation_quant": ("in_linear", "separate"),
+    "moe_ep_dispatch": ("auto", "all_to_all"),
+    "moe_routing": ("expected", "tensorcast_split"),
+    "softmax_gating": ("fused", "aten_ops"),
 }
 AUTO = "auto"
 # device vendor -> stack under `auto` (the vendor's serving stack as perfcast models it)
@@ -43,6 +46,9 @@ class OpStack(Record):
     embedding: str
     logits_gather: bool
     activation_quant: str
+    moe_ep_dispatch: str
+    moe_routing: str
+    softmax_gating: str
 
     @property
     def tensorcast_tensors(self) -> bool:

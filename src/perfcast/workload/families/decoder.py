@@ -45,7 +45,6 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     # under sequence parallelism (gathered before each block)
     rows, replicas = norm_rows(b, tokens)
     per_layer = b.stack.residual == "per_layer"
-    branch_rows = b.plan.tp > 1  # a branch output after its TP all-reduce is [T, h]
     norm1 = rms_norm(b, "attn.input_norm", rows, h, layers=layers, deps=deps, stage=stage,
                      replicas=replicas, residual=not per_layer,
                      quant_output=separate_activation_quant(b, "attn.qkv_proj"))
@@ -53,15 +52,22 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
                           stage=stage) or norm1
     attn = attention(b, layers, (norm1,), stage, kind)
     norm2 = rms_norm(b, "mlp.post_attn_norm", rows, h, layers=layers, deps=(attn,),
-                     stage=stage, replicas=replicas, branch_rows=branch_rows,
+                     stage=stage, replicas=replicas, branch_rows=_flat_branch(b, attn),
                      quant_output=separate_activation_quant(b, "mlp.gate_up_proj"))
     norm2 = sp_all_gather(b, "mlp.sp_all_gather", tokens, h, layers=layers, deps=(norm2,),
                           stage=stage) or norm2
     out = ffn(b, layers, (norm2,), stage, kind)
     if per_layer:
         out = residual_add(b, "mlp.residual_add", rows, h, layers=layers, deps=(out,),
-                           stage=stage, replicas=replicas, branch_rows=branch_rows)
+                           stage=stage, replicas=replicas, branch_rows=_flat_branch(b, out))
     return out
+
+
+def _flat_branch(b: GraphBuilder, lineage: str) -> bool:
+    """A branch output that ends in a TP all-reduce arrives as a flat [T, h] tensor; one
+    that ends in a GEMM or an all-gather is viewed back to the stream's [1, T, h]."""
+    task = next(t for t in reversed(b.tasks) if t.lineage == lineage)
+    return task.operation == "all_reduce"
 
 
 def build_layers(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...],

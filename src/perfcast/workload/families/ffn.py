@@ -65,8 +65,13 @@ def dense_mlp(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], s
 def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int, *,
             spec: MoeSpec, traits: ArchTraits) -> str:
     """Router, top-k gating, dispatch, routed experts, combine, shared experts."""
+    from perfcast.workload.families import moe_tensorcast
+
     m, plan = b.model, b.plan
     plan.check_moe_layout()
+    if moe_tensorcast.applies(b):
+        return moe_tensorcast.tensorcast_ep_moe(b, layers, deps, stage, spec=spec,
+                                                traits=traits)
     tp, dp, ep = plan.tp, plan.dp, plan.ep
     devices = plan.devices_per_stage
     moe_tp = plan.moe_tp_size
