@@ -82,7 +82,7 @@ def test_chrome_trace_args(tmp_path):
     mm = next(e for e in events if e["name"] == "L0.attn.qkv_proj")["args"]
     assert {"source", "confidence", "kernel_type", "shape_match_rule", "kernel_shapes"} <= set(mm)
     norm = next(e for e in events if e["name"] == "L0.attn.input_norm")["args"]
-    assert norm["shape_match_rule"] == "analytic" and "input_count_mismatch" in norm["miss_reason"]
+    assert norm["shape_match_rule"] == "analytic" and "shape_mismatch" in norm["miss_reason"]
 
 
 def test_validate_command(tmp_path):

@@ -49,7 +49,8 @@ def test_full_miss_falls_back_with_reason_in_attempts(step):
     assert est.provider == "roofline" and est.method is EstimateMethod.ANALYTICAL
     first = ct.resolution.attempts[0]
     assert (first.provider, first.outcome) == ("profiling", AttemptOutcome.MISS)
-    assert first.reason.startswith("input_count_mismatch")
+    # TensorCast's rms_norm(x, weight): the input count is right, the shape is not held
+    assert first.reason.startswith("shape_mismatch")
 
 
 def test_communication_and_attention_hits(step):

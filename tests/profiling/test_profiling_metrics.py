@@ -103,9 +103,12 @@ def test_metrics_from_a_costed_step(a3, ds):
     m1 = c.m1()
     assert m1["m1_total"] == sum(ct.task.count for ct in r.costed.tasks)
     misses = {rr.func_name for rr in c.records if not rr.hit}
-    assert misses == {"aten.embedding.default", "tensor_cast.add_rms_norm.default",
-                      "tensor_cast.rms_norm.default", "tensor_cast.apply_rope.default",
-                      "tensor_cast.reshape_and_cache.default"}
+    # the calls are TensorCast's (stack `tensorcast` on Ascend); this small database holds
+    # no rows of these shapes
+    assert misses == {"aten.embedding.default", "aten.index.Tensor",
+                      "tensor_cast.add_rms_norm2.default", "tensor_cast.rms_norm.default",
+                      "tensor_cast.apply_rope.default", "tensor_cast.reshape_and_cache.default"}
+    assert not any(rr.reason.startswith("input_count_mismatch") for rr in c.records)
     # analytic weights of misses are the latencies actually used (roofline)
     for rr in c.records:
         if not rr.hit:

@@ -129,8 +129,18 @@ def test_mla_call_flag():
     from perfcast.cli.estimate import mla_call_for
     from perfcast.core.errors import ConfigError
     assert mla_call_for("auto", ["profiling"]) == "tensorcast"
-    assert mla_call_for("auto", ["analytic"]) == "split"
+    assert mla_call_for("auto", ["analytic"]) == "auto"  # the stack decides
     assert mla_call_for("auto", ["analytic", "profiling"]) == "tensorcast"
     assert mla_call_for("split", ["profiling"]) == "split"
     with pytest.raises(ConfigError, match="--mla-call"):
         mla_call_for("fused", ["analytic"])
+
+
+def test_mla_call_auto_follows_the_stack():
+    from perfcast.plan.step import EstimateRequest, estimate_step
+    from perfcast.workload import Batch, ParallelPlan
+    ops = lambda device: {t.operator for t in estimate_step(EstimateRequest(  # noqa: E731
+        model="deepseek-ai/DeepSeek-V3", device=device, plan=ParallelPlan(tp=8),
+        batch=Batch.decode(4, 2048))).graph.tasks}
+    assert "tensor_cast.mlapo.default" in ops("atlas_800_a3_752t_128g_die")  # tensorcast
+    assert "tensor_cast.mlapo.default" not in ops("h200_sxm")  # default stack: split

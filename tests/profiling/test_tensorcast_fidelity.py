@@ -26,17 +26,19 @@ def _load_benchmark():
 
 fid = _load_benchmark()
 
-# Today's measured match fraction minus 0.02 per case, so it cannot regress; the target
-# of issue 18 is 0.90 (raise these as the graph builder gets closer).
+# Today's measured match fraction (stack `tensorcast`, chosen by `--stack auto` on the
+# Atlas device) minus 0.02 where below 1, so it cannot regress; issue 18's target is 0.90.
+# The dense and expert-parallel Qwen3 cases match every call; DeepSeek-V3's MLA
+# (mlapo, concat_and_cache_mla) and its EP1 per-expert loop are not yet TensorCast's.
 FLOORS = {
-    "deepseek_v3_decode_tp16_ep16": 0.048,  # measured 0.0685 (126/1840)
-    "deepseek_v3_decode_tp8": 0.000,  # measured 0.0173 (184/10656)
-    "qwen3_30b_a3b_decode_ep": 0.041,  # measured 0.0610 (97/1590)
-    "qwen3_32b_decode_tp4": 0.246,  # measured 0.2660 (257/966)
-    "qwen3_32b_prefill_tp4": 0.245,  # measured 0.2658 (257/967)
-    "qwen3_8b_decode_tp1": 0.286,  # measured 0.3066 (145/473)
-    "qwen3_8b_decode_w8a8": 0.000,  # measured 0.0018 (1/545)
-    "qwen3_8b_prefill_tp1": 0.285,  # measured 0.3059 (145/474)
+    "deepseek_v3_decode_tp16_ep16": 0.758,  # measured 0.778 (1432/1840)
+    "deepseek_v3_decode_tp8": 0.033,  # measured 0.053 (562/10656)
+    "qwen3_30b_a3b_decode_ep": 1.0,
+    "qwen3_32b_decode_tp4": 1.0,
+    "qwen3_32b_prefill_tp4": 1.0,
+    "qwen3_8b_decode_tp1": 1.0,
+    "qwen3_8b_decode_w8a8": 1.0,
+    "qwen3_8b_prefill_tp1": 1.0,
 }
 
 

@@ -136,10 +136,15 @@ def estimate_command(
     mla_form: Annotated[str, typer.Option("--mla-form", help="auto (absorbed for decode, naive "
                                                              "for prefill) | naive | absorbed")] = "auto",
     mla_call: Annotated[str, typer.Option("--mla-call", help="auto (tensorcast with the "
-                                                             "profiling model, else split) | "
-                                                             "split | tensorcast")] = "auto",
+                                                             "profiling model or the tensorcast "
+                                                             "stack, else split) | split | "
+                                                             "tensorcast")] = "auto",
     block_size: Annotated[int, typer.Option("--block-size", help="KV-cache page size in tokens "
                                                                  "(0: no rounding)")] = 0,
+    stack: Annotated[str, typer.Option("--stack", help="operator conventions of the software "
+                                       "stack: auto (tensorcast on Ascend NPUs, else default) "
+                                       "| default | tensorcast (fusion boundaries and the "
+                                       "tensors each call receives)")] = "auto",
     reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
                                                       help="framework reserve per device "
                                                            "(workspace, graphs), GiB")] = 0.0,
@@ -213,6 +218,7 @@ def estimate_command(
             quantize_linear_action=quantize_linear_action,
             quantize_attention_action=quantize_attention_action, kv_cache_dtype=kv_cache_dtype,
             mtp_layers=mtp_layers, mla_form=mla_form, mla_call=mla_call, block_size=block_size,
+            stack=stack,
             reserved_memory_gb=reserved_memory_gb, num_queries=num_queries,
             query_length=query_length, context_length=context_length, decode=decode,
             decode_queries=decode_queries, decode_context_length=decode_context_length,
@@ -275,6 +281,7 @@ class EstimateArgs:
     mla_form: str = "auto"
     mla_call: str = "auto"
     block_size: int = 0
+    stack: str = "auto"
     reserved_memory_gb: float = 0.0
     num_queries: int = 1
     query_length: int = 1024
@@ -353,7 +360,7 @@ def run_estimate(a: EstimateArgs, note=lambda text: None) -> EstimateRun:
                               num_microbatches=a.num_microbatches, pp_schedule=a.pp_schedule,
                               overlap=a.overlap, full_timeline=a.full_timeline,
                               mtp_layers=a.mtp_layers, mla_form=a.mla_form,
-                              block_size=a.block_size,
+                              block_size=a.block_size, stack=a.stack,
                               reserve_bytes=a.reserved_memory_gb * 2**30,
                               mla_call=mla_call_for(a.mla_call, models))
     revision = load_calibration(a.calibration)
@@ -442,9 +449,10 @@ def performance_models(model: str, option: list[str] | None, extra: list[str]
 
 def mla_call_for(flag: str, models: list[str]) -> str:
     """`--mla-call auto`: TensorCast's one MLA call when a TensorCast profiling database
-    answers (it keys MLA on that call), perfcast's split tasks otherwise."""
+    answers (it keys MLA on that call); otherwise `auto` stays, and the stack decides
+    (`EstimateRequest.mla_call`)."""
     if flag == "auto":
-        return "tensorcast" if "profiling" in models else "split"
+        return "tensorcast" if "profiling" in models else "auto"
     if flag not in ("split", "tensorcast"):
         raise ConfigError(f"has value {flag!r}", field="--mla-call",
                           expected="auto | split | tensorcast")

@@ -32,6 +32,7 @@ from perfcast.workload import (
     build_task_graph,
     load_model_spec,
 )
+from perfcast.workload.stacks import resolve_stack
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,10 @@ class EstimateRequest:
     # workload options (perfcast.workload.build_task_graph)
     mtp_layers: int = 0
     mla_form: str = "auto"
-    mla_call: str = "split"         # split | tensorcast (see perfcast.workload.families.mla)
+    mla_call: str = "auto"          # auto | split | tensorcast (perfcast.workload.families.mla)
     block_size: int = 0
     reserve_bytes: float = 0.0
+    stack: str = "auto"             # perfcast.workload.stacks: auto | default | tensorcast
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,18 @@ class StepResult:
         return self.tokens / lat / self.graph.num_devices if lat > 0 else 0.0
 
 
-def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch) -> TaskGraph:
-    """The task graph of `batch` (the whole step or one microbatch) under the request."""
+def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch,
+                 system: System) -> TaskGraph:
+    """The task graph of `batch` (the whole step or one microbatch) under the request.
+    `mla_call="auto"` is TensorCast's one MLA call under a stack with TensorCast's
+    tensors, perfcast's split tasks otherwise."""
+    stack = resolve_stack(request.stack, system.device.vendor)
     return build_task_graph(model, request.plan, batch, request.precision,
                             logits=request.logits, mtp_layers=request.mtp_layers,
                             mla_form=request.mla_form, block_size=request.block_size,
-                            reserve_bytes=request.reserve_bytes, mla_call=request.mla_call)
+                            reserve_bytes=request.reserve_bytes, stack=stack,
+                            mla_call=request.mla_call if request.mla_call != "auto"
+                            else ("tensorcast" if stack.tensorcast_tensors else "split"))
 
 
 def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None) -> StepResult:
@@ -101,7 +109,7 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     halves = OverlapMode.parse(request.overlap).halves
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
-    graph = _build_graph(request, model, request.batch)
+    graph = _build_graph(request, model, request.batch, system)
     resolver = resolver or build_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
     options = PlanOptions(num_microbatches=request.num_microbatches,
@@ -116,7 +124,7 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
             if halves > 1 else ""
         for part in split_batch(request.batch, parts, note=note):
             if part not in by_batch:
-                by_batch[part] = cost_graph(_build_graph(request, model, part), system.name,
+                by_batch[part] = cost_graph(_build_graph(request, model, part, system), system.name,
                                             resolver, request.context)
             units.append(by_batch[part])
     timeline = schedule_plan(units, system, options)

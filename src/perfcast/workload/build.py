@@ -11,6 +11,7 @@ from perfcast.workload.families.common import embedding, lm_head
 from perfcast.workload.graph import GraphBuilder, MemoryFacts, Precision, TaskGraph
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.plan_spec import Batch, ParallelPlan
+from perfcast.workload.stacks import OpStack
 from perfcast.workload.tensors import Task, TaskKind
 
 LOGITS_MODES = ("last", "all")
@@ -20,7 +21,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
                      precision: Precision | None = None, *, logits: str = "last",
                      mtp_layers: int = 0, mla_form: str = "auto", block_size: int = 0,
                      reserve_bytes: float = 0.0, training: bool = False,
-                     mla_call: str = "split") -> TaskGraph:
+                     mla_call: str = "split", stack: str | OpStack = "default") -> TaskGraph:
     """Build the exact work of one step on one representative device per stage.
 
     Conventions (also stored in `TaskGraph.conventions`):
@@ -38,7 +39,9 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     * `block_size` > 0 rounds each request's KV cache up to whole pages;
       `reserve_bytes`: framework reserve per device added to the memory facts;
     * `training=True` lets families emit training-only ops (the dropouts GPT configs
-      declare); `perfcast.training` derives backward and optimizer work from the graph.
+      declare); `perfcast.training` derives backward and optimizer work from the graph;
+    * `stack`: the operator conventions of the software stack (`perfcast.workload.stacks`:
+      fusion boundaries and the tensors each call receives); `default` or `tensorcast`.
     """
     if logits not in LOGITS_MODES:
         raise ConfigError(f"unknown logits mode {logits!r}", field="logits",
@@ -56,7 +59,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     family = family_for(model.model_type, model.source)
     builder = GraphBuilder(model, plan, batch, precision,
                            options={"mtp_layers": mtp_layers, "mla_form": mla_form,
-                                    "training": training, "mla_call": mla_call})
+                                    "training": training, "mla_call": mla_call,
+                                    "stack": stack})
     builder.conventions.update({
         "attention": "causal; FLOPs = 2*heads*(qk_dim+v_dim) per attended (query,key) pair",
         "logits": logits,
@@ -65,6 +69,7 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
         "attention_dp": "each DP rank computes ceil(requests/dp) of every batch segment",
         "moe_dispatch": plan.moe_dispatch_mode,
         "moe_routing": "uniform over experts; busiest EP rank x expert_imbalance",
+        "stack": builder.stack.name,
     })
     if mtp_layers:
         builder.conventions["mtp_layers"] = str(mtp_layers)
@@ -100,6 +105,12 @@ def split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
+# operation -> the inputs that are activations when the call also receives a resident
+# tensor (the paged cache `reshape_and_cache` writes into, the embedding or RoPE table)
+RESIDENT_INPUTS = {"kv_cache_write": slice(0, 2), "embedding": slice(-1, None),
+                   "table_gather": slice(0, 0)}
+
+
 def _activation_bytes(t: Task) -> float:
     """Live activation bytes while `t` runs: outputs plus inputs that are neither weights
     nor the KV cache (the first `activation_inputs` when a task says so)."""
@@ -111,6 +122,8 @@ def _activation_bytes(t: Task) -> float:
     ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
     if "activation_inputs" in t.attributes:  # the inputs after these are weights / caches
         ins = t.inputs[:int(t.attributes["activation_inputs"])]
+    elif t.operation in RESIDENT_INPUTS:  # the cache written in place, a resident table
+        ins = ins[RESIDENT_INPUTS[t.operation]]
     return out + sum(x.nbytes for x in ins)
 
 

@@ -11,6 +11,7 @@ from perfcast.core.dtypes import DType, dtype_bytes, engine_dtype
 from perfcast.core.frozen import FrozenDict
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.plan_spec import Batch, ParallelPlan
+from perfcast.workload.stacks import OpStack, load_stack
 from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
 
 
@@ -24,6 +25,9 @@ QUANT_LINEAR_OPERATORS: dict[str, str] = {
     "nvfp4": "tensor_cast.mxfp4_linear.default",
     "fp4": "tensor_cast.mxfp4_linear.default",
 }
+
+# Quantised linears TensorCast calls with two 0-d scale tensors after x and the weight.
+TENSORCAST_SCALED_LINEARS = frozenset({"tensor_cast.static_quant_linear.default"})
 
 # Grouped (MoE expert) GEMM operator by expert weight dtype.
 GROUPED_GEMM_OPERATORS: dict[str, str] = {
@@ -215,6 +219,8 @@ class GraphBuilder:
         self.local_batch = batch.per_dp_rank(plan.dp)
         self.precision = precision
         self.options: dict[str, Any] = dict(options or {})
+        stack = self.options.get("stack", "default")
+        self.stack: OpStack = stack if isinstance(stack, OpStack) else load_stack(stack)
         self.tasks: list[Task] = []
         self._lineages: set[str] = set()
         self.conventions: dict[str, str] = {}
@@ -301,9 +307,12 @@ class GraphBuilder:
         shape_a = (batch, m, k) if batch > 1 else (m, k)
         shape_b = (batch, k, n) if batch > 1 else (k, n)
         shape_o = (batch, m, n) if batch > 1 else (m, n)
+        inputs = (TensorSpec(shape_a, DType(a_dt).value), TensorSpec(shape_b, DType(w_dt).value))
+        if self.stack.tensorcast_tensors and operator in TENSORCAST_SCALED_LINEARS:
+            inputs += (TensorSpec((), "fp32"), TensorSpec((), "fp32"))  # scale, offset
         return self._add(Task(
             operator=operator, operation="gemm", kind=TaskKind.COMPUTE,
-            inputs=(TensorSpec(shape_a, DType(a_dt).value), TensorSpec(shape_b, DType(w_dt).value)),
+            inputs=inputs,
             outputs=(TensorSpec(shape_o, DType(o_dt).value),),
             work=Work(flops=flops, engine=Engine.MATRIX, compute_dtype=compute,
                       bytes_read=read, bytes_written=written, axes=FrozenDict(axes)),
@@ -316,7 +325,9 @@ class GraphBuilder:
                   operator: str = "tensor_cast.attention.default", count: int | None = None,
                   devices: int | None = None, stage: int = 0, extra: dict | None = None,
                   operation: str = "attention", axes: dict | None = None,
-                  cache_bytes_per_token: float | None = None, chunk: int | None = None) -> str:
+                  cache_bytes_per_token: float | None = None, chunk: int | None = None,
+                  signature: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] | None = None
+                  ) -> str:
         """Scaled-dot-product attention of `num_requests` requests, each with `q_tokens`
         new queries over `context_tokens` cached keys plus the new ones (causal).
 
@@ -331,7 +342,10 @@ class GraphBuilder:
 
         `chunk` (chunked local attention, Llama-4): a query at position p attends only to
         the keys of its own chunk of `chunk` tokens, ((p - 1) mod chunk) + 1 of them; K/V
-        are read from the start of the first query's chunk; the cache holds one chunk."""
+        are read from the start of the first query's chunk; the cache holds one chunk.
+
+        `signature`: (inputs, outputs) the call receives when the stack passes other
+        tensors than q/K/V (the paged cache and its index tensors); work is unchanged."""
         extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
@@ -370,12 +384,14 @@ class GraphBuilder:
             cache_bytes_per_token = kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes(kv_dt)
         attrs["kv_cache_bytes_per_token"] = float(cache_bytes_per_token)
         attrs["cache_window"] = int(window or chunk or 0)
+        inputs, outputs = signature or (
+            (TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), DType(a_dt).value),
+             TensorSpec((num_requests, kv_len, kv_heads, qk_head_dim), DType(kv_dt).value),
+             TensorSpec((num_requests, kv_len, kv_heads, v_head_dim), DType(kv_dt).value)),
+            (TensorSpec((num_requests * q_tokens, q_heads, v_head_dim), DType(a_dt).value),))
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
-            inputs=(TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), DType(a_dt).value),
-                    TensorSpec((num_requests, kv_len, kv_heads, qk_head_dim), DType(kv_dt).value),
-                    TensorSpec((num_requests, kv_len, kv_heads, v_head_dim), DType(kv_dt).value)),
-            outputs=(TensorSpec((num_requests * q_tokens, q_heads, v_head_dim), DType(a_dt).value),),
+            inputs=inputs, outputs=outputs,
             work=Work(flops=flops, engine=Engine.MATRIX, compute_dtype=_attn_compute(a_dt),
                       bytes_read=read, bytes_written=written, axes=FrozenDict(axes)),
             attributes=FrozenDict(attrs),
@@ -387,9 +403,14 @@ class GraphBuilder:
                     weight_shards: int = 1, count: int | None = None,
                     devices: int | None = None, stage: int = 0, extra: dict | None = None,
                     extra_bytes_read: float = 0.0, replicas: int = 1,
-                    axes: dict | None = None) -> str:
+                    axes: dict | None = None,
+                    signature: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]] | None = None
+                    ) -> str:
         """A vector-engine op whose cost is its bytes and a few FLOPs per element.
-        `axes` adds lookup axes to the default `tokens` (output rows) and `numel`."""
+        `axes` adds lookup axes to the default `tokens` (output rows) and `numel`.
+        Work and axes come from `inputs`/`outputs`; `signature` (inputs, outputs) is what
+        the call receives when the stack passes other tensors (a [1, T, h] view, a
+        resident table, a cache written in place)."""
         attrs: dict[str, Any] = dict(extra or {})
         if replicas > 1:
             attrs["replicas"] = replicas
@@ -403,6 +424,8 @@ class GraphBuilder:
         all_axes = {"tokens": out.shape[0] if out.shape else 1, "numel": out.numel}
         all_axes.update(axes or {})
         dt = out.dtype
+        if signature is not None:
+            inputs, outputs = signature
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=inputs, outputs=outputs,
@@ -439,18 +462,22 @@ class GraphBuilder:
     def collective(self, group: str, operation: str, *, message_bytes: float, participants: int,
                    layers=None, deps=(), dtype: str | None = None, count: int | None = None,
                    devices: int | None = None, stage: int = 0, tier: str = "",
-                   extra: dict | None = None) -> str:
+                   extra: dict | None = None,
+                   shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> str:
         """A collective over `participants` devices; `message_bytes` is the per-device
-        buffer (all-gather: the gathered output; reduce-scatter: the full input)."""
+        buffer (all-gather: the gathered output; reduce-scatter: the full input).
+        `shapes`: (input, output) tensor shapes the call receives (default: flat)."""
         dt = dtype or self.precision.activation
+        flat = (int(message_bytes / dtype_bytes(dt)),)
+        in_shape, out_shape = shapes or (flat, flat)
         axes: dict[str, Any] = {"message_bytes": int(message_bytes), "participants": participants}
         if tier:
             axes["tier"] = tier
         return self._add(Task(
             operator=f"tensor_cast.{operation}.default", operation=operation,
             kind=TaskKind.COMMUNICATION,
-            inputs=(TensorSpec((int(message_bytes / dtype_bytes(dt)),), DType(dt).value),),
-            outputs=(TensorSpec((int(message_bytes / dtype_bytes(dt)),), DType(dt).value),),
+            inputs=(TensorSpec(in_shape, DType(dt).value),),
+            outputs=(TensorSpec(out_shape, DType(dt).value),),
             work=Work(flops=0.0, engine=Engine.NETWORK, compute_dtype=DType(dt).value,
                       message_bytes=float(message_bytes), participants=participants,
                       axes=FrozenDict(axes)),

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perfcast.core.errors import ConfigError, UnsupportedModelError
-from perfcast.workload.families.common import norm_rows, rms_norm, sp_all_gather
+from perfcast.workload.families.common import (
+    norm_rows,
+    residual_add,
+    rms_norm,
+    separate_activation_quant,
+    sp_all_gather,
+)
 from perfcast.workload.families.traits import LayerKind, layer_runs
 from perfcast.workload.graph import GraphBuilder
 
@@ -29,21 +35,39 @@ def check_activation(b: GraphBuilder) -> None:
 
 def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int,
                   kind: LayerKind, attention: BlockFn, ffn: BlockFn) -> str:
+    """Pre-norm layer. With the residual add fused across layers (stack `default`) both
+    norms add the residual; with `per_layer` (TensorCast) the input norm is a plain
+    RMSNorm, the post-attention norm adds the attention output, and an `aten.add` ends
+    the layer."""
     h = b.model.hidden_size
     tokens = b.local_batch.tokens
     # the residual stream is replicated on the TP ranks of a DP rank, or split by tokens
     # under sequence parallelism (gathered before each block)
     rows, replicas = norm_rows(b, tokens)
+    per_layer = b.stack.residual == "per_layer"
     norm1 = rms_norm(b, "attn.input_norm", rows, h, layers=layers, deps=deps, stage=stage,
-                     replicas=replicas)
+                     replicas=replicas, residual=not per_layer,
+                     quant_output=separate_activation_quant(b, "attn.qkv_proj"))
     norm1 = sp_all_gather(b, "attn.sp_all_gather", tokens, h, layers=layers, deps=(norm1,),
                           stage=stage) or norm1
     attn = attention(b, layers, (norm1,), stage, kind)
     norm2 = rms_norm(b, "mlp.post_attn_norm", rows, h, layers=layers, deps=(attn,),
-                     stage=stage, replicas=replicas)
+                     stage=stage, replicas=replicas, branch_rows=_flat_branch(b, attn),
+                     quant_output=separate_activation_quant(b, "mlp.gate_up_proj"))
     norm2 = sp_all_gather(b, "mlp.sp_all_gather", tokens, h, layers=layers, deps=(norm2,),
                           stage=stage) or norm2
-    return ffn(b, layers, (norm2,), stage, kind)
+    out = ffn(b, layers, (norm2,), stage, kind)
+    if per_layer:
+        out = residual_add(b, "mlp.residual_add", rows, h, layers=layers, deps=(out,),
+                           stage=stage, replicas=replicas, branch_rows=_flat_branch(b, out))
+    return out
+
+
+def _flat_branch(b: GraphBuilder, lineage: str) -> bool:
+    """A branch output that ends in a TP all-reduce arrives as a flat [T, h] tensor; one
+    that ends in a GEMM or an all-gather is viewed back to the stream's [1, T, h]."""
+    task = next(t for t in reversed(b.tasks) if t.lineage == lineage)
+    return task.operation == "all_reduce"
 
 
 def build_layers(b: GraphBuilder, layers: tuple[int, int], entry_deps: tuple[str, ...],

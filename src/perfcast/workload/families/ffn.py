@@ -22,7 +22,9 @@ from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.common import (
     check_divisible,
+    dynamic_quantize,
     norm_rows,
+    separate_activation_quant,
     sequence_parallel,
     tp_all_reduce,
 )
@@ -43,9 +45,15 @@ def dense_mlp(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], s
     up = b.gemm(f"{prefix}.gate_up_proj", tokens, 2 * inter_l, m.hidden_size, layers=layers,
                 deps=deps, weight_shards=tp, stage=stage)
     gated = TensorSpec((tokens, 2 * inter_l), act)
+    half = TensorSpec((1, tokens, inter_l), act)  # TensorCast passes gate and up apart
     swi = b.elementwise(f"{prefix}.act", "tensor_cast.swiglu.default", "activation",
                         inputs=(gated,), outputs=(TensorSpec((tokens, inter_l), act),),
-                        flops=5 * tokens * inter_l, layers=layers, deps=(up,), stage=stage)
+                        flops=5 * tokens * inter_l, layers=layers, deps=(up,), stage=stage,
+                        signature=((half, half), (half,)) if b.stack.tensorcast_tensors
+                        else None)
+    if separate_activation_quant(b, f"{prefix}.down_proj"):
+        swi = dynamic_quantize(b, f"{prefix}.down_proj_quant", tokens, inter_l, layers=layers,
+                               deps=(swi,), stage=stage, stream=True)
     down = b.gemm(f"{prefix}.down_proj", tokens, m.hidden_size, inter_l, layers=layers,
                   deps=(swi,), weight_shards=tp, stage=stage)
     if not combine:
@@ -57,8 +65,13 @@ def dense_mlp(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], s
 def moe_ffn(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...], stage: int, *,
             spec: MoeSpec, traits: ArchTraits) -> str:
     """Router, top-k gating, dispatch, routed experts, combine, shared experts."""
+    from perfcast.workload.families import moe_tensorcast
+
     m, plan = b.model, b.plan
     plan.check_moe_layout()
+    if moe_tensorcast.applies(b):
+        return moe_tensorcast.tensorcast_ep_moe(b, layers, deps, stage, spec=spec,
+                                                traits=traits)
     tp, dp, ep = plan.tp, plan.dp, plan.ep
     devices = plan.devices_per_stage
     moe_tp = plan.moe_tp_size

@@ -1,0 +1,91 @@
+"""Stack profiles: the operator conventions of the software stack a task graph describes.
+
+A stack decides fusion boundaries (is the residual add inside the next norm?) and the
+tensors each call receives (one flat tensor, or the paged KV cache and index tensors
+TensorCast passes). Profiles are data (`stacks.yaml`); `auto` picks `tensorcast` for
+Ascend NPUs, whose profiling databases are keyed on TensorCast's calls, and `default`
+for every other device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from perfcast.core.canonical import Record
+from perfcast.core.errors import ConfigError
+from perfcast.core.yamlio import safe_load
+
+CHOICES = {
+    "residual": ("fused", "per_layer"),
+    "qk_norm": ("joint", "separate"),
+    "rope_tables": ("in_kernel", "gathered"),
+    "tensors": ("flat", "tensorcast"),
+    "embedding": ("vocab_parallel", "replicated"),
+    "activation_quant": ("in_linear", "separate"),
+    "moe_ep_dispatch": ("auto", "all_to_all"),
+    "moe_routing": ("expected", "tensorcast_split"),
+    "softmax_gating": ("fused", "aten_ops"),
+}
+AUTO = "auto"
+# device vendor -> stack under `auto` (the vendor's serving stack as perfcast models it)
+AUTO_BY_VENDOR = {"huawei": "tensorcast"}
+
+
+@dataclass(frozen=True)
+class OpStack(Record):
+    name: str
+    description: str
+    source: str
+    residual: str
+    qk_norm: str
+    rope_tables: str
+    tensors: str
+    kv_block_size: int
+    embedding: str
+    logits_gather: bool
+    activation_quant: str
+    moe_ep_dispatch: str
+    moe_routing: str
+    softmax_gating: str
+
+    @property
+    def tensorcast_tensors(self) -> bool:
+        return self.tensors == "tensorcast"
+
+
+@cache
+def _profiles() -> dict[str, OpStack]:
+    text = resources.files("perfcast.workload").joinpath("stacks.yaml").read_text("utf-8")
+    out = {}
+    for name, raw in (safe_load(text).get("stacks") or {}).items():
+        for key, allowed in CHOICES.items():
+            if raw.get(key) not in allowed:
+                raise ConfigError(f"has value {raw.get(key)!r}", source="stacks.yaml",
+                                  field=f"{name}.{key}", expected=" | ".join(allowed))
+        out[name] = OpStack(name=name, description=str(raw["description"]).strip(),
+                            source=str(raw["source"]).strip(),
+                            kv_block_size=int(raw.get("kv_block_size", 0)),
+                            logits_gather=bool(raw.get("logits_gather", False)),
+                            **{k: raw[k] for k in CHOICES})
+    return out
+
+
+def stack_names() -> tuple[str, ...]:
+    return tuple(_profiles())
+
+
+def load_stack(name: str) -> OpStack:
+    profiles = _profiles()
+    if name not in profiles:
+        raise ConfigError(f"unknown stack {name!r}", field="stack",
+                          expected=" | ".join((AUTO, *profiles)))
+    return profiles[name]
+
+
+def resolve_stack(name: str, vendor: str) -> OpStack:
+    """The profile `name` names; `auto` picks it from the device vendor."""
+    if name == AUTO:
+        return load_stack(AUTO_BY_VENDOR.get(vendor.lower(), "default"))
+    return load_stack(name)
