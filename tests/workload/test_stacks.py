@@ -122,3 +122,24 @@ def test_tensorcast_expert_parallel_moe_layer():
     # parameters are those of the default graph: every expert once
     d = graph("default", "Qwen/Qwen3-30B-A3B", plan=ParallelPlan(tp=4, ep=4))
     assert g.param_count(embedding=False) == pytest.approx(d.param_count(embedding=False))
+
+
+def test_tensorcast_moe_without_ep_loops_over_the_experts_that_get_rows():
+    # DeepSeek-V3 at TP8, EP1, 4 decode tokens (tests/fixtures/tensorcast/
+    # deepseek_v3_decode_tp8.json): 4 x 8 routed rows land on experts 0..31, one row each,
+    # padded to 8 rows (a multiple of TP) for a TP-sharded MLP and an all-reduce
+    g = graph("tensorcast", "deepseek-ai/DeepSeek-V3", Batch.decode(4, 2048),
+              ParallelPlan(tp=8))
+    up = next(t for t in g.tasks if t.group == "moe.experts.rows1.gate_up_proj")
+    assert [list(x.shape) for x in up.inputs] == [[8, 7168], [7168, 512]]
+    assert up.count == 58 * 32
+    assert signature(g, "moe.experts.rows1.pad")[1] == [[1, 7168]]
+    assert signature(g, "moe.router")[1] == [[4, 7168], [7168, 256]]  # fp32, all tokens
+    assert signature(g, "moe.shared_experts.gate_up_proj")[1] == [[4, 7168], [7168, 4096]]
+    d = graph("default", "deepseek-ai/DeepSeek-V3", Batch.decode(4, 2048), ParallelPlan(tp=8))
+    # every expert's shard stays resident, whatever receives rows this step
+    routed = lambda gr: sum(float(t.attributes.get("weight_params", 0))  # noqa: E731
+                            * int(t.attributes.get("layer_count", t.count))
+                            * float(t.attributes.get("weight_shards", 1))
+                            for t in gr.tasks if t.group.startswith("moe.experts"))
+    assert routed(g) == pytest.approx(routed(d))

@@ -35,7 +35,7 @@ from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import segment_suffix
 from perfcast.workload.families.common import (check_divisible, positive_int_field, rms_norm,
-                                               tp_all_reduce)
+                                               rope_tables, tp_all_reduce)
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import TensorSpec
@@ -131,6 +131,8 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     tokens = b.local_batch.tokens
     act = b.precision.activation
     kv_dt = b.precision.kv_cache
+    # the cos/sin rows of the step's positions, when the stack gathers them per step
+    deps = (*deps, *rope_tables(b, stage, rope))
     # down-projections are replicated on every TP rank (each computes them for its tokens)
     if q_lora:
         qa = b.gemm("mla.q_a_proj", tokens, q_lora, h, layers=layers, deps=deps, stage=stage,

@@ -6,7 +6,8 @@ gating on it, permutes the slice (`init_routing_v2`), sends the rows over the EP
 (`all_to_all`), regroups them by expert (`tensor_cast.cat`), runs the grouped gate/up GEMM
 with SwiGLU and the grouped down GEMM, regroups them by source (`aten.cat`), sends them
 back, unpermutes, weights and sums the top-k rows, adds the shared expert (run on the
-slice with unsharded weights) and all-gathers the slices over TP.
+slice with unsharded weights) and all-gathers the slices over TP. Without expert
+parallelism it loops over the experts that receive rows (`tensorcast_expert_loop`).
 
 Routing (`OpStack.moe_routing`): `tensorcast_split` is `get_split_sizes`: a source rank's
 `P = slice x topk` routed rows go to experts 0, 1, ... in turn (`P // E` each, one more
@@ -29,11 +30,26 @@ from perfcast.workload.tensors import TensorSpec
 def applies(b: GraphBuilder) -> bool:
     plan = b.plan
     return (b.stack.moe_ep_dispatch == "all_to_all" and plan.moe_dispatch == "auto"
-            and plan.ep > 1 and plan.moe_tp_size == 1 and plan.dp == 1)
+            and plan.dp == 1 and ((plan.ep > 1 and plan.moe_tp_size == 1) or plan.ep == 1))
+
+
+def expert_split(pairs: int, experts: int, first: int, count: int) -> dict[int, int]:
+    """TensorCast's `get_split_sizes`: `pairs` routed rows go to experts 0, 1, ... in turn
+    (`pairs // experts` each, one more for the first `pairs % experts`); for experts
+    first..first+count-1: {rows: how many of them get that many rows}, empty ones left out."""
+    q, r = divmod(pairs, experts)
+    sizes: dict[int, int] = {}
+    for i in range(first, first + count):
+        n = q + (i < r)
+        if n:
+            sizes[n] = sizes.get(n, 0) + 1
+    return sizes
 
 
 def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...],
                       stage: int, *, spec: MoeSpec, traits: ArchTraits) -> str:
+    if b.plan.ep == 1:
+        return tensorcast_expert_loop(b, layers, deps, stage, spec=spec, traits=traits)
     m, plan = b.model, b.plan
     tp, ep = plan.tp, plan.ep
     e, k, h = spec.num_experts, spec.topk, m.hidden_size
@@ -55,13 +71,13 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
     n_rows = max(1, math.ceil(rows))
     ins = dict(layers=layers, stage=stage)
 
-    router = b.gemm("moe.router", t, e, h, deps=deps, weight_shards=1,
-                    extra={"bias_params": e} if traits.router_bias else None, **ins)
-    topk_w, topk_i = _gating(b, router, t, e, k, **ins)
+    topk_w, topk_i = _router_and_gating(b, deps, t_rank, t, e, k, traits, **ins)
     idx = TensorSpec((t, k), "int64")
     x = TensorSpec((t, h), act)
     sent = TensorSpec((pairs, h), act)
     got = TensorSpec((n_rows, h), act)
+    if _sigmoid_router(b) and t_rank % tp:  # the hidden states padded like the logits
+        topk_i = _pad(b, "moe.pad_hidden", t_rank, t * tp, h, act, (topk_i,), **ins)
     last = b.elementwise("moe.permute", "tensor_cast.init_routing_v2.default", "moe_permute",
                          inputs=(x, idx), outputs=(sent,), flops=0, deps=(topk_i,), **ins)
     last = b.collective("moe.dispatch", "all_to_all", deps=(last,), participants=ep,
@@ -98,15 +114,7 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
     last = b.collective("moe.combine", "all_to_all", deps=(last,), participants=ep,
                         message_bytes=n_rows * h * act_b, shapes=((n_rows, h), (pairs, h)),
                         **ins)
-    per_k = TensorSpec((t, k, h), act)
-    last = b.elementwise("moe.unpermute", "tensor_cast.unpermute_tokens.default",
-                         "moe_unpermute", inputs=(sent, idx), outputs=(per_k,), flops=0,
-                         deps=(last,), **ins)
-    last = b.elementwise("moe.weight", "aten.mul.Tensor", "mul",
-                         inputs=(per_k, TensorSpec((t, k, 1), act)), outputs=(per_k,),
-                         flops=t * k * h, deps=(last, topk_w), **ins)
-    last = b.elementwise("moe.sum_topk", "aten.sum.dim_IntList", "sum", inputs=(per_k,),
-                         outputs=(x,), flops=t * k * h, deps=(last,), **ins)
+    last = _unpermute_and_sum(b, sent, idx, last, topk_w, **ins)
     if spec.shared_inter:
         last = _shared_expert(b, spec.shared_inter, t, deps, last, **ins)
     if tp > 1:
@@ -116,18 +124,87 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
     return last
 
 
-def _gating(b: GraphBuilder, router: str, t: int, e: int, k: int, **ins) -> tuple[str, str]:
-    """Top-k gating of the slice's router logits; returns (weights, indices) lineages.
-    A softmax router under `softmax_gating: aten_ops` is the chain TensorCast's compiled
-    graph keeps; other routers (sigmoid scoring, grouped top-k) its fused op."""
+def _unpermute_and_sum(b: GraphBuilder, rows: TensorSpec, idx: TensorSpec, last: str,
+                       topk_w: str, **ins) -> str:
+    """Back to token order (`unpermute_tokens` -> [t, k, h]), times the top-k weights,
+    summed over k."""
+    (t, k), (h,), act = idx.shape, rows.shape[1:], rows.dtype
+    per_k = TensorSpec((t, k, h), act)
+    last = b.elementwise("moe.unpermute", "tensor_cast.unpermute_tokens.default",
+                         "moe_unpermute", inputs=(rows, idx), outputs=(per_k,), flops=0,
+                         deps=(last,), **ins)
+    last = b.elementwise("moe.weight", "aten.mul.Tensor", "mul",
+                         inputs=(per_k, TensorSpec((t, k, 1), act)), outputs=(per_k,),
+                         flops=t * k * h, deps=(last, topk_w), **ins)
+    return b.elementwise("moe.sum_topk", "aten.sum.dim_IntList", "sum", inputs=(per_k,),
+                         outputs=(TensorSpec((t, h), act),), flops=t * k * h, deps=(last,),
+                         **ins)
+
+
+def _sigmoid_router(b: GraphBuilder) -> bool:
+    return str(b.model.raw.get("scoring_func", "softmax")) != "softmax"
+
+
+def _pad(b: GraphBuilder, group: str, rows: int, padded: int, width: int, dtype: str,
+         deps: tuple[str, ...], count: int | None = None, **ins) -> str:
+    """`aten.constant_pad_nd` of [rows, width] to [padded, width] (a multiple of TP)."""
+    x, y = TensorSpec((rows, width), dtype), TensorSpec((padded, width), dtype)
+    return b.elementwise(group, "aten.constant_pad_nd.default", "pad", inputs=(x,),
+                         outputs=(y,), flops=0, deps=deps, count=count, **ins)
+
+
+def _router_and_gating(b: GraphBuilder, deps: tuple[str, ...], t_rank: int, t: int, e: int,
+                       k: int, traits: ArchTraits, **ins) -> tuple[str, str]:
+    """Router GEMM and top-k gating; returns the (weights, indices) lineages.
+
+    A softmax router (Qwen3-MoE) runs on the TP rank's slice; under `softmax_gating:
+    aten_ops` its gating is the aten chain TensorCast's compiled graph keeps. A sigmoid
+    router (DeepSeek-V3's MoEGate, `scoring_func: sigmoid`) casts the hidden states and
+    its weight to fp32 and runs over all the rank's tokens, its logits padded to a
+    multiple of TP, then TensorCast's fused gating op on the slice and the top-k
+    renormalisation (`norm_topk_prob`)."""
+    h = b.model.hidden_size
+    act = b.precision.activation
+    bias = {"bias_params": e} if traits.router_bias else None
+    top = TensorSpec((t, k), "fp32")
+    col = TensorSpec((t, 1), "fp32")
+    if not _sigmoid_router(b):
+        router = b.gemm("moe.router", t, e, h, deps=deps, weight_shards=1, extra=bias, **ins)
+        return _softmax_gating(b, router, t, e, k, **ins)
+    tp = b.plan.tp
+    x = b.elementwise("moe.router_input_fp32", "prims.convert_element_type.default",
+                      "cast", inputs=(TensorSpec((t_rank, h), act),),
+                      outputs=(TensorSpec((t_rank, h), "fp32"),), flops=0, deps=deps, **ins)
+    last = b.gemm("moe.router", t_rank, e, h, deps=(x,), weight_shards=1, extra=bias,
+                  weight_dtype="fp32", act_dtype="fp32", out_dtype="fp32", **ins)
+    if t != t_rank and t_rank % tp:  # sliced over TP: logits padded to whole slices
+        last = _pad(b, "moe.pad_logits", t_rank, t * tp, e, "fp32", (last,), **ins)
+    gate = b.elementwise("moe.gating", "tensor_cast.moe_gating_top_k_softmax.default",
+                         "moe_gating", inputs=(TensorSpec((t, e), "fp32"),),
+                         outputs=(top, TensorSpec((t, k), "int64")), flops=5 * t * e,
+                         deps=(last,), extra={"topk": k, "num_experts": e}, **ins)
+    last = gate
+    if b.model.raw.get("norm_topk_prob", False):
+        last = b.elementwise("moe.gating.renorm_sum", "aten.sum.dim_IntList", "moe_gating",
+                             inputs=(top,), outputs=(col,), flops=t * k, deps=(last,), **ins)
+        last = b.elementwise("moe.gating.renorm_div", "aten.div.Tensor", "moe_gating",
+                             inputs=(top, col), outputs=(top,), flops=t * k, deps=(last,),
+                             **ins)
+    last = b.elementwise("moe.gating.to_act", "prims.convert_element_type.default",
+                         "moe_gating", inputs=(top,), outputs=(TensorSpec((t, k), act),),
+                         flops=0, deps=(last,), **ins)
+    return last, gate
+
+
+def _softmax_gating(b: GraphBuilder, router: str, t: int, e: int, k: int,
+                    **ins) -> tuple[str, str]:
     act = b.precision.activation
     m = b.model
     logits = TensorSpec((t, e), act)
     f32 = TensorSpec((t, e), "fp32")
     col = TensorSpec((t, 1), "fp32")
     top = TensorSpec((t, k), "fp32")
-    softmax = str(m.raw.get("scoring_func", "softmax")) == "softmax"
-    if not (softmax and b.stack.softmax_gating == "aten_ops"):
+    if b.stack.softmax_gating != "aten_ops":
         g = b.elementwise("moe.gating", "tensor_cast.moe_gating_top_k_softmax.default",
                           "moe_gating", inputs=(f32,), outputs=(top, TensorSpec((t, k), "int64")),
                           flops=5 * t * e, deps=(router,), extra={"topk": k, "num_experts": e},
@@ -156,18 +233,87 @@ def _gating(b: GraphBuilder, router: str, t: int, e: int, k: int, **ins) -> tupl
 
 
 def _shared_expert(b: GraphBuilder, inter: int, t: int, deps: tuple[str, ...], routed: str,
-                   **ins) -> str:
-    """The shared expert on this rank's token slice with its whole (unsharded) weights,
-    added to the routed output."""
+                   stream: bool = False, **ins) -> str:
+    """The shared expert over `t` tokens with its whole (unsharded) weights, added to the
+    routed output; `stream`: its activation and the add see [1, t, w] views."""
     h = b.model.hidden_size
     act = b.precision.activation
     up = b.gemm("moe.shared_experts.gate_up_proj", t, 2 * inter, h, deps=deps, **ins)
     half = TensorSpec((t, inter), act)
+    view = TensorSpec((1, t, inter), act) if stream else half
     swi = b.elementwise("moe.shared_experts.act", "tensor_cast.swiglu.default", "activation",
                         inputs=(TensorSpec((t, 2 * inter), act),), outputs=(half,),
-                        flops=5 * t * inter, deps=(up,), signature=((half, half), (half,)),
+                        flops=5 * t * inter, deps=(up,), signature=((view, view), (view,)),
                         **ins)
     down = b.gemm("moe.shared_experts.down_proj", t, h, inter, deps=(swi,), **ins)
     x = TensorSpec((t, h), act)
+    y = TensorSpec((1, t, h), act) if stream else x
     return b.elementwise("moe.add_shared", "aten.add.Tensor", "add", inputs=(x, x),
-                         outputs=(x,), flops=t * h, deps=(routed, down), **ins)
+                         outputs=(x,), flops=t * h, deps=(routed, down), **ins,
+                         signature=((y, y), (y,)))
+
+
+def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...],
+                           stage: int, *, spec: MoeSpec, traits: ArchTraits) -> str:
+    """Without expert parallelism TensorCast runs each expert that receives rows as its
+    own TP-sharded MLP (`FusedMoETensorCast.forward` with one EP rank): the expert's rows
+    padded to a multiple of TP (`constant_pad_nd`), gate/up `mm`, `swiglu`, down `mm`,
+    a TP `all_reduce`; then `aten.cat`, `unpermute_tokens`, the top-k weighting and sum,
+    and the shared expert over all the tokens with its whole weights. Rows per expert
+    follow `get_split_sizes` (`expert_split`) under `moe_routing: tensorcast_split`, else
+    the expected rows spread over the experts that receive any."""
+    m, plan = b.model, b.plan
+    tp = plan.tp
+    e, k, h = spec.num_experts, spec.topk, m.hidden_size
+    act = b.precision.activation
+    act_b = dtype_bytes(act)
+    inter = check_divisible(spec.inter, tp, "moe_intermediate_size", "tp_size")
+    t = b.local_batch.tokens
+    pairs = t * k
+    ins = dict(layers=layers, stage=stage)
+    topk_w, topk_i = _router_and_gating(b, deps, t, t, e, k, traits, **ins)
+    idx = TensorSpec((t, k), "int64")
+    routed = TensorSpec((pairs, h), act)
+    last = b.elementwise("moe.permute", "tensor_cast.init_routing_v2.default", "moe_permute",
+                         inputs=(TensorSpec((t, h), act), idx), outputs=(routed,), flops=0,
+                         deps=(topk_i,), **ins,
+                         signature=((TensorSpec((1, t, h), act), idx), (routed,)))
+    if b.stack.moe_routing == "tensorcast_split":
+        sizes = expert_split(pairs, e, 0, e)
+    else:
+        active = max(1, round(e * (1.0 - (1.0 - k / e) ** t)))
+        sizes = {max(1, round(pairs / active)): active}
+    w_dt = b.precision.linear("moe.experts")[0]
+    resident = e * 3 * h * inter  # every expert's gate, up and down shard
+    outs = []
+    for n, (rows, calls) in enumerate(sorted(sizes.items())):
+        padded = -(-rows // tp) * tp
+        pre = f"moe.experts.rows{rows}"
+        step = last
+        if padded != rows:
+            step = _pad(b, pre + ".pad", rows, padded, h, act, (step,), count=calls, **ins)
+        weights = {"weight_params": resident if n == 0 else 0, "weight_shards": tp,
+                   "weight_bytes": resident * dtype_bytes(w_dt) if n == 0 else 0.0,
+                   "layer_count": b.layer_count(layers),
+                   "active_weight_params": k * 3 * h * spec.inter / tp if n == 0 else 0}
+        up = b.gemm(pre + ".gate_up_proj", padded, 2 * inter, h, deps=(step,), count=calls,
+                    weight_shards=tp, extra=dict(weights), **ins)
+        half = TensorSpec((padded, inter), act)
+        swi = b.elementwise(pre + ".act", "tensor_cast.swiglu.default", "activation",
+                            inputs=(TensorSpec((padded, 2 * inter), act),), outputs=(half,),
+                            flops=5 * padded * inter, deps=(up,), count=calls,
+                            signature=((half, half), (half,)), **ins)
+        down = b.gemm(pre + ".down_proj", padded, h, inter, deps=(swi,), count=calls,
+                      weight_shards=tp, extra={"weight_params": 0, "weight_bytes": 0.0,
+                                               "active_weight_params": 0}, **ins)
+        outs.append(b.collective(pre + ".all_reduce", "all_reduce", deps=(down,),
+                                 participants=tp, message_bytes=padded * h * act_b,
+                                 count=calls, shapes=((padded, h), (padded, h)), **ins)
+                    if tp > 1 else down)
+    last = b.elementwise("moe.group_by_source", "aten.cat.default", "copy", inputs=(routed,),
+                         outputs=(routed,), flops=0, deps=tuple(outs), **ins,
+                         signature=((), (routed,)))
+    last = _unpermute_and_sum(b, routed, idx, last, topk_w, **ins)
+    if spec.shared_inter:
+        last = _shared_expert(b, spec.shared_inter, t, deps, last, stream=True, **ins)
+    return last
