@@ -49,6 +49,21 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "deepseek_v3_decode_tp8": ("deepseek-ai/DeepSeek-V3", [
         "--num-queries", "4", "--query-length", "1", "--context-length", "2048", "--decode",
         *BF16, "--tp-size", "8", "--num-devices", "8"]),
+    "qwen3_30b_a3b_prefill_ep": ("Qwen/Qwen3-30B-A3B", PREFILL_512 + BF16 + [
+        "--tp-size", "4", "--ep-size", "4", "--num-devices", "4"]),
+    "qwen3_30b_a3b_decode_tp4": ("Qwen/Qwen3-30B-A3B", DECODE_8 + BF16 + [
+        "--tp-size", "4", "--num-devices", "4"]),
+    "deepseek_v3_prefill_tp16_ep16": ("deepseek-ai/DeepSeek-V3", PREFILL_512 + BF16 + [
+        "--tp-size", "16", "--ep-size", "16", "--num-devices", "16"]),
+    "qwen3_32b_decode_w8a8_tp4": ("Qwen/Qwen3-32B", DECODE_8 + [
+        "--quantize-linear-action", "W8A8_DYNAMIC", "--tp-size", "4", "--num-devices", "4"]),
+    "qwen3_235b_a22b_decode_ep8": ("Qwen/Qwen3-235B-A22B", [
+        "--num-queries", "16", "--query-length", "1", "--context-length", "2048", "--decode",
+        *BF16, "--tp-size", "8", "--ep-size", "8", "--num-devices", "8"]),
+    # a context that is not a multiple of the 128-token cache block
+    "qwen3_8b_decode_ctx1000": ("Qwen/Qwen3-8B", [
+        "--num-queries", "3", "--query-length", "1", "--context-length", "1000", "--decode",
+        *BF16]),
 }
 
 

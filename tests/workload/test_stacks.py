@@ -143,3 +143,14 @@ def test_tensorcast_moe_without_ep_loops_over_the_experts_that_get_rows():
                             * float(t.attributes.get("weight_shards", 1))
                             for t in gr.tasks if t.group.startswith("moe.experts"))
     assert routed(g) == pytest.approx(routed(d))
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-oss-20b", "Qwen/Qwen3.5-35B-A3B",
+                                   "deepseek-ai/DeepSeek-V3", "meta-llama/Llama-4-Scout-17B-16E-Instruct"])
+@pytest.mark.parametrize("ep", [1, 4])
+def test_tensorcast_moe_keeps_the_parameters(model, ep):
+    # expert biases (gpt-oss), the shared-expert gate (Qwen3.5): the same weights either way
+    plan = ParallelPlan(tp=4, ep=ep)
+    t, d = graph("tensorcast", model, plan=plan), graph("default", model, plan=plan)
+    assert t.param_count() == pytest.approx(d.param_count(), rel=1e-12)
+    assert t.param_count(active=True) == pytest.approx(d.param_count(active=True), rel=1e-9)

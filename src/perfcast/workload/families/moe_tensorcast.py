@@ -22,7 +22,7 @@ import math
 
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.workload.families.common import check_divisible
-from perfcast.workload.families.traits import ArchTraits, MoeSpec
+from perfcast.workload.families.traits import ArchTraits, MoeSpec, traits_for
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.tensors import TensorSpec
 
@@ -88,6 +88,7 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
                          signature=((), (got,)))
     inter = spec.inter
     gate_up_w, down_w = h * 2 * inter, inter * h
+    up_bias, down_bias = (2 * inter, h) if traits.expert_bias else (0, 0)
     resident = {"weight_dtype": w_dt, "act_dtype": a_dt, "weight_shards": ep,
                 "routed_rows": rows, "active_local_experts": float(groups)}
     mid = TensorSpec((n_rows, inter), act)
@@ -98,8 +99,8 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
         bytes_written=rows * inter * act_b, inputs=(), outputs=(mid,),
         axes={"m": n_rows, "n": 2 * inter, "k": h, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
-        extra={**resident, "weight_params": local * gate_up_w,
-               "weight_bytes": local * gate_up_w * w_b,
+        extra={**resident, "weight_params": local * (gate_up_w + up_bias),
+               "weight_bytes": local * (gate_up_w * w_b + up_bias * act_b),
                "active_weight_params": k * gate_up_w / ep})
     last = b.compute(
         "moe.experts.down", "tensor_cast.grouped_matmul.default", "moe",
@@ -107,7 +108,8 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
         bytes_written=rows * h * act_b, inputs=(), outputs=(got,),
         axes={"m": n_rows, "n": h, "k": inter, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
-        extra={**resident, "weight_params": local * down_w, "weight_bytes": local * down_w * w_b,
+        extra={**resident, "weight_params": local * (down_w + down_bias),
+               "weight_bytes": local * (down_w * w_b + down_bias * act_b),
                "active_weight_params": k * down_w / ep})
     last = b.elementwise("moe.group_by_source", "aten.cat.default", "copy", inputs=(got,),
                          outputs=(got,), flops=0, deps=(last,), **ins, signature=((), (got,)))
@@ -247,6 +249,15 @@ def _shared_expert(b: GraphBuilder, inter: int, t: int, deps: tuple[str, ...], r
                         **ins)
     down = b.gemm("moe.shared_experts.down_proj", t, h, inter, deps=(swi,), **ins)
     x = TensorSpec((t, h), act)
+    if traits_for(b.model).shared_expert_gate:  # sigmoid(shared_experts_gate(x)) * output
+        gate = b.gemm("moe.shared_experts.gate", t, 1, h, deps=deps, weight_shards=1, **ins)
+        col = TensorSpec((t, 1), act)
+        gate = b.elementwise("moe.shared_experts.gate_sigmoid", "aten.sigmoid.default",
+                             "activation", inputs=(col,), outputs=(col,), flops=4 * t,
+                             deps=(gate,), **ins)
+        down = b.elementwise("moe.shared_experts.gate_mul", "aten.mul.Tensor", "mul",
+                             inputs=(x, col), outputs=(x,), flops=t * h, deps=(down, gate),
+                             **ins)
     y = TensorSpec((1, t, h), act) if stream else x
     return b.elementwise("moe.add_shared", "aten.add.Tensor", "add", inputs=(x, x),
                          outputs=(x,), flops=t * h, deps=(routed, down), **ins,
@@ -285,6 +296,8 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
         sizes = {max(1, round(pairs / active)): active}
     w_dt = b.precision.linear("moe.experts")[0]
     resident = e * 3 * h * inter  # every expert's gate, up and down shard
+    # biases: gate/up split like its weight, the down bias whole on each rank (counted once)
+    bias = e * (2 * inter + h / tp) if traits.expert_bias else 0
     outs = []
     for n, (rows, calls) in enumerate(sorted(sizes.items())):
         padded = -(-rows // tp) * tp
@@ -292,8 +305,9 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
         step = last
         if padded != rows:
             step = _pad(b, pre + ".pad", rows, padded, h, act, (step,), count=calls, **ins)
-        weights = {"weight_params": resident if n == 0 else 0, "weight_shards": tp,
-                   "weight_bytes": resident * dtype_bytes(w_dt) if n == 0 else 0.0,
+        weights = {"weight_params": resident + bias if n == 0 else 0, "weight_shards": tp,
+                   "weight_bytes": resident * dtype_bytes(w_dt) + bias * act_b if n == 0
+                   else 0.0,
                    "layer_count": b.layer_count(layers),
                    "active_weight_params": k * 3 * h * spec.inter / tp if n == 0 else 0}
         up = b.gemm(pre + ".gate_up_proj", padded, 2 * inter, h, deps=(step,), count=calls,
