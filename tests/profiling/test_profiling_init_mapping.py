@@ -10,7 +10,7 @@ from profiling_helpers import DB, FIA_DB, REAL_MAPPING
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
-from perfcast.evidence.profiling.init_mapping import (
+from perfcast.collect.init_mapping import (
     graph_operators,
     init_mapping,
     load_stack,

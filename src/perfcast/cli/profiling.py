@@ -59,7 +59,7 @@ def init_mapping_command(
     from perfcast.cli.errors import check_output_paths, user_errors
     from perfcast.cli.layout import build_plan
     from perfcast.core.errors import ConfigError
-    from perfcast.evidence.profiling.init_mapping import init_mapping, write_skeleton
+    from perfcast.collect.init_mapping import init_mapping, write_skeleton
     from perfcast.evidence.profiling.op_mapping import MAPPING_FILE
     from perfcast.evidence.profiling.validate import validate_database
 
