@@ -7,7 +7,8 @@ Reads real TensorCast (msModeling) dumps: the fixtures under tests/fixtures/tens
 (default) or fresh dump folders made by benchmarks/tensorcast/dump.py (`--dumps DIR`,
 DIR/<case>/{calls,summary}.json). For each case it runs the matching perfcast estimate
 in-process (same model, device atlas_800_a3_752t_128g_die, layout, batch, quantisation:
-TensorCast's flags mapped one to one, see `perfcast_args`) and reports
+TensorCast's flags mapped one to one, see `perfcast_args`; the stack profile from its
+`--compilation-config` fusion passes, see `stack_for`) and reports
 
 * TensorCast's calls, view and alias ops aside (`VIEW_OPS`, plus any call TensorCast
   itself costs as zero: `is_view_op` / `copy_(x, x)`);
@@ -16,7 +17,9 @@ TensorCast's flags mapped one to one, see `perfcast_args`) and reports
   min(n, m) calls) and the fraction; also with dtypes required to agree;
 * the unmatched calls grouped by operator, with counts and examples of both sides;
 * FLOPs per device, perfcast (sum of work.flops x count on one device) vs TensorCast
-  (sum of its mma_ops + gp_ops), and the matrix part alone.
+  (sum of its mma_ops + gp_ops), and the matrix part alone; TensorCast records no FLOPs
+  for its fused calls (matmul_all_reduce, dispatch_ffn_combine), so the FLOPs outside
+  perfcast's fused tasks are compared as well.
 
 Inputs: `--inputs table` (default) compares the top-level tensor arguments, the
 convention of TensorCast's `--dump-input-shapes` table (tensors inside list arguments,
@@ -109,8 +112,46 @@ def tc_signature(call: dict, inputs: str = "table") -> tuple:
     return (op_name(call["op"]), shapes), dtypes
 
 
+# TensorCast --compilation-config option -> the perfcast fusion pattern it switches on
+# (tensor_cast/core/compilation_config.py; patterns in perfcast.workload.fusions)
+COMPILATION_FUSIONS = {"enable_matmul_allreduce": "matmul_all_reduce",
+                       "enable_dispatch_ffn_combine": "dispatch_ffn_combine"}
+
+
+def compilation_config(tc_args: list[str]) -> list[str]:
+    """The values of TensorCast's `--compilation-config` (nargs="*"), snake case."""
+    if "--compilation-config" not in tc_args:
+        return []
+    out = []
+    for a in tc_args[tc_args.index("--compilation-config") + 1:]:
+        if a.startswith("--"):
+            break
+        out.append(a.replace("-", "_"))
+    return out
+
+
+def stack_for(tc_args: list[str]) -> tuple[str, list[str]]:
+    """The stack profile a case runs under: of the profiles with TensorCast's tensors,
+    the one with the fewest fusions that holds every fusion the case switched on;
+    returns (name, fusions it runs that the case left off)."""
+    from perfcast.workload.stacks import load_stack, stack_names
+
+    options = compilation_config(tc_args)
+    unknown = [o for o in options if o not in COMPILATION_FUSIONS]
+    if unknown:
+        raise ValueError(f"--compilation-config {unknown} has no perfcast fusion")
+    wanted = {COMPILATION_FUSIONS[o] for o in options}
+    fits = [load_stack(n) for n in stack_names()]
+    fits = [s for s in fits if s.tensorcast_tensors and wanted <= set(s.fusions)]
+    if not fits:
+        raise ValueError(f"no stack in stacks.yaml runs the fusions {sorted(wanted)}")
+    best = min(fits, key=lambda s: len(s.fusions))
+    return best.name, [f for f in best.fusions if f not in wanted]
+
+
 def perfcast_args(tc_args: list[str]) -> dict:
-    """perfcast EstimateArgs fields from TensorCast's text_generate flags."""
+    """perfcast EstimateArgs fields from TensorCast's text_generate flags (the stack:
+    `stack_for`)."""
     out = {"device": DEVICE, "num_queries": 1, "query_length": 1, "context_length": 0,
            "decode": False, "tp_size": 1, "ep_size": 1,
            # TensorCast's default --quantize-linear-action (cli/inference/text_generate.py)
@@ -133,6 +174,7 @@ def perfcast_args(tc_args: list[str]) -> dict:
             out["device"] = tc_args[i + 1].lower()
             i += 1
         i += 1
+    out["stack"] = stack_for(tc_args)[0]
     return out
 
 
@@ -153,6 +195,7 @@ def perfcast_calls(graph) -> list[dict]:
                     "inputs": [[list(s.shape), s.dtype] for s in t.inputs],
                     "count": t.count, "flops": t.work.flops * t.count,
                     "matrix": t.work.engine.value == "matrix",
+                    "fused": bool(t.attributes.get("fusion")),
                     "view": t.kind is TaskKind.VIEW or is_view(t.operator)})
     return out
 
@@ -223,11 +266,17 @@ def compare(case: TCCase, graph=None, inputs: str = "table", examples: int = 2) 
         })
     pc_flops = sum(c["flops"] for c in pcs)
     pc_matrix = sum(c["flops"] for c in pcs if c["matrix"])
+    # TensorCast's PerformanceProperties of its fused calls (matmul_all_reduce,
+    # dispatch_ffn_combine) hold no FLOPs: compare the rest too
+    pc_unfused = sum(c["flops"] for c in pcs if not c["fused"])
     tc_flops = case.totals.get("flops_per_device")
     tc_mma = case.totals.get("mma_ops_per_device")
     return {
         "case": case.case, "model": case.model, "tensorcast_args": case.tensorcast_args,
         "perfcast_args": perfcast_args(case.tensorcast_args), "inputs": inputs,
+        "compilation_config": compilation_config(case.tensorcast_args),
+        "stack": stack_for(case.tensorcast_args)[0],
+        "stack_fusions_left_off_by_case": stack_for(case.tensorcast_args)[1],
         "tensorcast_calls": total, "matched": matched,
         "fraction": matched / total if total else None,
         "matched_with_dtypes": matched_dt,
@@ -236,6 +285,9 @@ def compare(case: TCCase, graph=None, inputs: str = "table", examples: int = 2) 
         "views_excluded": {"tensorcast": dict(tc_views), "perfcast": dict(pc_views)},
         "flops_per_device": {"perfcast": pc_flops, "tensorcast": tc_flops,
                              "ratio": pc_flops / tc_flops if tc_flops else None},
+        "flops_per_device_outside_fused_calls": {
+            "perfcast": pc_unfused, "tensorcast": tc_flops,
+            "ratio": pc_unfused / tc_flops if tc_flops else None},
         "matrix_flops_per_device": {"perfcast": pc_matrix, "tensorcast": tc_mma,
                                     "ratio": pc_matrix / tc_mma if tc_mma else None},
         "tensorcast_latency_s": case.totals.get("latency_s"),
@@ -262,16 +314,18 @@ def print_tables(records: list[dict], examples: int) -> None:
     console.print("View/alias ops left out of both sides: " + ", ".join(sorted(VIEW_OPS))
                   + " (any overload), and calls TensorCast costs as zero (is_view_op, copy_(x, x)).")
     summary = Table(title="TensorCast calls reproduced by perfcast (same operator, same input shapes)")
-    for col in ("case", "TC calls", "matched", "fraction", "w/ dtypes", "pc calls",
-                "FLOPs/dev pc", "FLOPs/dev TC", "ratio", "matrix ratio"):
+    for col in ("case", "stack", "TC calls", "matched", "fraction", "w/ dtypes", "pc calls",
+                "FLOPs/dev pc", "FLOPs/dev TC", "ratio", "matrix ratio", "unfused ratio"):
         summary.add_column(col, justify="left" if col == "case" else "right")
     for r in records:
         f, m = r["flops_per_device"], r["matrix_flops_per_device"]
-        summary.add_row(r["case"], str(r["tensorcast_calls"]), str(r["matched"]),
+        summary.add_row(r["case"], r["stack"], str(r["tensorcast_calls"]), str(r["matched"]),
                         f"{r['fraction']:.1%}", f"{r['fraction_with_dtypes']:.1%}",
                         str(r["perfcast_calls"]), f"{f['perfcast']:.4g}", f"{f['tensorcast']:.4g}",
                         f"{f['ratio']:.4f}" if f["ratio"] else "-",
-                        f"{m['ratio']:.4f}" if m["ratio"] else "-")
+                        f"{m['ratio']:.4f}" if m["ratio"] else "-",
+                        f"{r['flops_per_device_outside_fused_calls']['ratio']:.4f}"
+                        if f["ratio"] else "-")
     console.print(summary)
     for r in records:
         t = Table(title=f"{r['case']}: unmatched calls by operator (inputs: {r['inputs']})")

@@ -34,6 +34,8 @@ DEVICE = "ATLAS_800_A3_752T_128G_DIE"
 DECODE_8 = ["--num-queries", "8", "--query-length", "1", "--context-length", "1024", "--decode"]
 PREFILL_512 = ["--num-queries", "1", "--query-length", "512"]
 BF16 = ["--quantize-linear-action", "DISABLED"]
+MATMUL_ALLREDUCE = "enable_matmul_allreduce"
+DISPATCH_FFN_COMBINE = "enable_dispatch_ffn_combine"
 
 # case -> (catalog model, TensorCast flags after the model and device)
 CASES: dict[str, tuple[str, list[str]]] = {
@@ -64,6 +66,16 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "qwen3_8b_decode_ctx1000": ("Qwen/Qwen3-8B", [
         "--num-queries", "3", "--query-length", "1", "--context-length", "1000", "--decode",
         *BF16]),
+    # TensorCast's fusion passes that are off by default (tensor_cast/config.py
+    # compilation.fusion_patterns), switched on as vLLM-Ascend 0.18 runs them
+    "qwen3_32b_decode_tp4_mc2": ("Qwen/Qwen3-32B", DECODE_8 + BF16 + [
+        "--tp-size", "4", "--num-devices", "4", "--compilation-config", MATMUL_ALLREDUCE]),
+    "qwen3_8b_decode_w8a8_tp4_mc2": ("Qwen/Qwen3-8B", DECODE_8 + [
+        "--quantize-linear-action", "W8A8_DYNAMIC", "--tp-size", "4", "--num-devices", "4",
+        "--compilation-config", MATMUL_ALLREDUCE]),
+    "qwen3_30b_a3b_decode_ep_fused": ("Qwen/Qwen3-30B-A3B", DECODE_8 + BF16 + [
+        "--tp-size", "4", "--ep-size", "4", "--num-devices", "4",
+        "--compilation-config", DISPATCH_FFN_COMBINE, MATMUL_ALLREDUCE]),
 }
 
 

@@ -75,12 +75,23 @@ def test_interpolate_is_an_explicit_switch():
 
 def test_chrome_trace_args(tmp_path):
     trace = tmp_path / "t.json"
-    r = runner.invoke(app, [*BASE, "--performance-model", "profiling", "--profiling-database",
-                            str(DB), "--chrome-trace", str(trace)])
+    # the prefill of the TensorCast run qwen3_8b_prefill_tp1 (512 tokens)
+    r = runner.invoke(app, [*BASE, "--query-length", "512", "--performance-model", "profiling",
+                            "--profiling-database", str(DB), "--chrome-trace", str(trace)])
     assert r.exit_code == 0, r.output
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     mm = next(e for e in events if e["name"] == "L0.attn.qkv_proj")["args"]
     assert {"source", "confidence", "kernel_type", "shape_match_rule", "kernel_shapes"} <= set(mm)
+    norm = next(e for e in events if e["name"] == "L0.attn.input_norm")["args"]
+    assert (norm["kernel_type"], norm["shape_match_rule"], norm["kernel_shapes"]) == (
+        "RmsNorm", "batch_strip", "512,4096;4096")
+    rope = next(e for e in events if e["name"] == "L0.attn.rope")["args"]
+    assert (rope["kernel_type"], rope["kernel_shapes"]) == (
+        "_triton_rope", "512,32,128;512,8,128;512,128")
+    # 1024 tokens: no row of that RmsNorm shape
+    r = runner.invoke(app, [*BASE, "--performance-model", "profiling", "--profiling-database",
+                            str(DB), "--chrome-trace", str(trace)])
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     norm = next(e for e in events if e["name"] == "L0.attn.input_norm")["args"]
     assert norm["shape_match_rule"] == "analytic" and "shape_mismatch" in norm["miss_reason"]
 

@@ -99,22 +99,29 @@ def test_kernel_specific_normalisers(ds):
     # SwiGlu given gate and up separately -> one concatenated CSV input
     r = hit(ds.lookup(op("tensor_cast.swiglu.default", [((1024, 12288), BF), ((1024, 12288), BF)])))
     assert r.latency_us == 66.0
-    # RoPE (Q, K) in (B,H,S,D) -> CSV (K, Q) in (B,S,H,D); K recorded as FLOAT (relaxed)
+    # RoPE: TensorCast's (k, q, cos, sin) in (B,H,S,D) -> the CSV's (q, k, cos) in
+    # (B,S,H,D), batch dim stripped; the second slot recorded as FLOAT (relaxed)
     r = hit(ds.lookup(op("tensor_cast.apply_rope.default",
-                         [((1, 32, 1024, 128), BF), ((1, 8, 1024, 128), BF), ((1024, 64), BF)])))
-    assert r.latency_us == 18.0
+                         [((1, 8, 512, 128), BF), ((1, 32, 512, 128), BF), ((1, 512, 128), BF),
+                          ((1, 512, 128), BF)])))
+    assert (r.latency_us, r.shape_match_info.kernel_shapes[:2]) == (
+        10.0, ((512, 32, 128), (512, 8, 128)))
+    # the kernel's slots are not TensorCast's: q and k as passed do not match
+    assert missed(ds.lookup(op("tensor_cast.apply_rope.default",
+                               [((1, 32, 512, 128), BF), ((1, 8, 512, 128), BF),
+                                ((1, 512, 128), BF), ((1, 512, 128), BF)])))
     # reshape_and_cache: (key, value, kv_cache(2,...), slots) -> 5 CSV inputs
     r = hit(ds.lookup(op("tensor_cast.reshape_and_cache.default",
-                         [((8192, 128), BF), ((8192, 128), BF),
-                          ((2, 2048, 128, 8, 128), BF), ((8192,), "int32")])))
-    assert r.latency_us == 9.5
+                         [((512, 1024), BF), ((512, 1024), BF),
+                          ((2, 5, 128, 8, 128), BF), ((512,), "int64")])))
+    assert r.latency_us == 10.0 and len(r.shape_match_info.kernel_shapes) == 5
 
 
 def test_reshape_and_cache_normaliser_shapes(ds):
     r = ds.lookup(op("tensor_cast.reshape_and_cache.default",
-                     [((1024, 128), BF), ((1024, 128), BF), ((2, 2048, 128, 8, 128), BF),
-                      ((1024,), "int32")]))
-    # key (1024,128) -> (1024,1,128) does not equal the CSV's (8192,1,128): a shape miss,
+                     [((1024, 1024), BF), ((1024, 1024), BF), ((2, 5, 128, 8, 128), BF),
+                      ((1024,), "int64")]))
+    # key (1024,1024) -> (1024,1,1024) is not a CSV row's (512,1,1024): a shape miss,
     # not an input-count miss, because the normaliser reconciles 4 vs 5 inputs
     assert missed(r).reason == "shape_mismatch"
 

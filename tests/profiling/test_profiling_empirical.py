@@ -44,12 +44,17 @@ def test_full_hit_is_measured_with_statistics(step):
 
 
 def test_full_miss_falls_back_with_reason_in_attempts(step):
-    ct = step.costed.by_lineage()["L0-35.attn.input_norm"]
+    # TensorCast's rms_norm(x [1,T,h], weight [h]) hits the real-layout row (T,h);(h)
+    norm = step.costed.by_lineage()["L0-35.attn.input_norm"].resolution.estimate
+    assert (norm.provider, norm.statistics["kernel_shapes"],
+            norm.statistics["shape_match_rule"]) == ("profiling", "8,4096;4096", "batch_strip")
+    # its k-norm at TP2 (4 kv heads per rank): the database holds 8 heads (TP1) only
+    ct = step.costed.by_lineage()["L0-35.attn.k_norm"]
     est = ct.resolution.estimate
     assert est.provider == "roofline" and est.method is EstimateMethod.ANALYTICAL
     first = ct.resolution.attempts[0]
     assert (first.provider, first.outcome) == ("profiling", AttemptOutcome.MISS)
-    # TensorCast's rms_norm(x, weight): the input count is right, the shape is not held
+    # the input count is right, the shape is not held
     assert first.reason.startswith("shape_mismatch")
 
 

@@ -80,26 +80,20 @@ def test_axis_transform_applies_to_the_elementwise_axis(tmp_path, a3):
     assert r.latency_us == pytest.approx(3.0 + 1.4 * frac)
 
 
-def _two_gather_rows(d):
-    with open(d / "GatherV2.csv", "a") as f:
-        f.write('"151936,4096;8;1",DT_BF16;INT64;INT64,ND;ND;ND,"8,4096",DT_BF16,ND,3.0\n')
-
-
 def test_generic_compute_output_numel_brackets_on_the_output(tmp_path, a3):
-    emb = op("aten.embedding.default", [((151936, 4096), BF), ((100,), "int64")],
-             [((100, 4096), BF)])
-    # axis_0 varies the table's first dim (the vocabulary): no bracket for 100 tokens
+    # GatherV2.csv holds the embedding of 8, 512 and 1024 tokens
+    emb = op("aten.embedding.default", [((151936, 4096), BF), ((700,), "int64")],
+             [((700, 4096), BF)])
+    # axis_0 varies the table's first dim (the vocabulary): no bracket for 700 tokens
     plain = database(tmp_path / "a", {})
-    _two_gather_rows(plain)
     assert isinstance(interp(plain, a3).lookup(emb), LookupMiss)
     d = database(tmp_path / "b", {"kernel_overrides": {"GatherV2": {
         "generic_compute": {"axis": "output_numel"}}}})
-    _two_gather_rows(d)
     r = interp(d, a3).lookup(emb)
     assert r.source is QuerySource.INTERPOLATED
     assert r.details["interpolation_axis"] == "output_numel"
-    assert r.details["bracket"] == [8 * 4096, 1024 * 4096]
-    assert r.latency_us == pytest.approx(3.0 + 18.0 * (100 - 8) / (1024 - 8))
+    assert r.details["bracket"] == [512 * 4096, 1024 * 4096]
+    assert r.latency_us == pytest.approx(10.0 + 11.0 * (700 - 512) / (1024 - 512))
     # the output's trailing dims stay exact: another hidden size has no rows
     other = op("aten.embedding.default", [((151936, 5120), BF), ((100,), "int64")],
                [((100, 5120), BF)])

@@ -26,17 +26,20 @@ def _load_benchmark():
 
 fid = _load_benchmark()
 
-# Today's measured match fraction (stack `tensorcast`, chosen by `--stack auto` on the
-# Atlas device) minus 0.02 where below 1, so it cannot regress; issue 18's target is 0.90.
-# Every case matches every call.
+# Today's measured match fraction (under the stack the case's --compilation-config implies,
+# `stack_for`: `tensorcast`, or `vllm-ascend-0.18` with fusion passes on) minus 0.02 where
+# below 1, so it cannot regress; issue 18's target is 0.90. Every case matches every call.
 FLOORS = {
     "deepseek_v3_decode_tp16_ep16": 1.0,
     "deepseek_v3_decode_tp8": 1.0,
     "qwen3_30b_a3b_decode_ep": 1.0,
+    "qwen3_30b_a3b_decode_ep_fused": 1.0,  # stack vllm-ascend-0.18 (dispatch_ffn_combine, MC2)
     "qwen3_32b_decode_tp4": 1.0,
+    "qwen3_32b_decode_tp4_mc2": 1.0,  # stack vllm-ascend-0.18 (matmul_all_reduce)
     "qwen3_32b_prefill_tp4": 1.0,
     "qwen3_8b_decode_tp1": 1.0,
     "qwen3_8b_decode_w8a8": 1.0,
+    "qwen3_8b_decode_w8a8_tp4_mc2": 1.0,  # stack vllm-ascend-0.18 (static_quant_linear_all_reduce)
     "qwen3_8b_prefill_tp1": 1.0,
 }
 
@@ -75,7 +78,22 @@ def test_tensorcast_flags_map_to_perfcast_fields():
     got = fid.perfcast_args(args)
     assert got == {"device": "atlas_800_a3_752t_128g_die", "num_queries": 8, "query_length": 1,
                    "context_length": 1024, "decode": True, "tp_size": 4, "ep_size": 4,
-                   "num_devices": 4, "quantize_linear_action": "W8A8_DYNAMIC"}
+                   "num_devices": 4, "quantize_linear_action": "W8A8_DYNAMIC",
+                   "stack": "tensorcast"}
+
+
+def test_compilation_config_picks_the_stack_that_runs_those_fusions():
+    base = ["/m", "--decode", "--tp-size", "4"]
+    assert fid.stack_for(base) == ("tensorcast", [])
+    both = base + ["--compilation-config", "enable_dispatch_ffn_combine",
+                   "enable-matmul-allreduce", "--compile"]
+    assert fid.compilation_config(both) == ["enable_dispatch_ffn_combine",
+                                            "enable_matmul_allreduce"]
+    assert fid.stack_for(both) == ("vllm-ascend-0.18", [])
+    mc2 = base + ["--compilation-config", "enable_matmul_allreduce"]
+    assert fid.stack_for(mc2) == ("vllm-ascend-0.18", ["dispatch_ffn_combine"])
+    with pytest.raises(ValueError, match="no perfcast fusion"):
+        fid.stack_for(base + ["--compilation-config", "enable_multistream"])
 
 
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))

@@ -39,6 +39,7 @@ from perfcast.plan.step import EstimateRequest, estimate_step
 from perfcast.hardware import load_system
 from perfcast.workload import Batch, BatchSegment, Precision, load_model_spec
 from perfcast.workload.quant import precision_for_model
+from perfcast.workload.stacks import stack_names
 
 PERFORMANCE_MODELS = ("analytic", "profiling")
 # `--performance-model analytic profiling` (list form): the names after the first reach
@@ -143,8 +144,9 @@ def estimate_command(
                                                                  "(0: no rounding)")] = 0,
     stack: Annotated[str, typer.Option("--stack", help="operator conventions of the software "
                                        "stack: auto (tensorcast on Ascend NPUs, else default) "
-                                       "| default | tensorcast (fusion boundaries and the "
-                                       "tensors each call receives)")] = "auto",
+                                       f"| {' | '.join(stack_names())} (stacks.yaml: fusion "
+                                       "boundaries, the tensors each call receives, the "
+                                       "fusion passes it runs)")] = "auto",
     reserved_memory_gb: Annotated[float, typer.Option("--reserved-memory-gb",
                                                       help="framework reserve per device "
                                                            "(workspace, graphs), GiB")] = 0.0,

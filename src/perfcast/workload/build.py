@@ -8,6 +8,7 @@ from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families import family_for
 from perfcast.workload.families.common import embedding, lm_head
+from perfcast.workload.fusions import apply_fusions
 from perfcast.workload.graph import GraphBuilder, MemoryFacts, Precision, TaskGraph
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.plan_spec import Batch, ParallelPlan
@@ -41,7 +42,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
     * `training=True` lets families emit training-only ops (the dropouts GPT configs
       declare); `perfcast.training` derives backward and optimizer work from the graph;
     * `stack`: the operator conventions of the software stack (`perfcast.workload.stacks`:
-      fusion boundaries and the tensors each call receives); `default` or `tensorcast`.
+      fusion boundaries, the tensors each call receives and the fusion passes it runs);
+      a name of `stacks.yaml` (`default`, `tensorcast`, `vllm-ascend-0.18`).
     """
     if logits not in LOGITS_MODES:
         raise ConfigError(f"unknown logits mode {logits!r}", field="logits",
@@ -91,6 +93,8 @@ def build_task_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch,
                           reserve_bytes=reserve_bytes, residual_bytes=tokens * model.hidden_size
                           * dtype_bytes(precision.activation))
     memory = replace(memory, activations_per_token=memory.activations / tokens)
+    if builder.stack.fusions:  # the stack's fusion passes; memory is the unfused graph's
+        builder.tasks = apply_fusions(builder.tasks, builder.stack.fusions)
     return builder.build(memory)
 
 

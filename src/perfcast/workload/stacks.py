@@ -4,7 +4,8 @@ A stack decides fusion boundaries (is the residual add inside the next norm?) an
 tensors each call receives (one flat tensor, or the paged KV cache and index tensors
 TensorCast passes). Profiles are data (`stacks.yaml`); `auto` picks `tensorcast` for
 Ascend NPUs, whose profiling databases are keyed on TensorCast's calls, and `default`
-for every other device.
+for every other device. A profile may start from another (`base:`) and list the fusion
+passes its engine runs (`fusions:`, applied by `perfcast.workload.fusions`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class OpStack(Record):
     moe_ep_dispatch: str
     moe_routing: str
     softmax_gating: str
+    fusions: tuple[str, ...] = ()
 
     @property
     def tensorcast_tensors(self) -> bool:
@@ -57,17 +59,35 @@ class OpStack(Record):
 
 @cache
 def _profiles() -> dict[str, OpStack]:
+    from perfcast.workload.fusions import check_fusions
+
     text = resources.files("perfcast.workload").joinpath("stacks.yaml").read_text("utf-8")
+    raws = safe_load(text).get("stacks") or {}
     out = {}
-    for name, raw in (safe_load(text).get("stacks") or {}).items():
+    for name, own in raws.items():
+        raw = dict(own)
+        if "base" in raw:  # the base profile's fields, then this one's
+            base = raw.pop("base")
+            if base not in raws or "base" in raws[base]:
+                raise ConfigError(f"base {base!r} is not a profile without a base",
+                                  source="stacks.yaml", field=f"{name}.base",
+                                  expected=" | ".join(n for n in raws if "base" not in raws[n]))
+            raw = {**raws[base], **raw}
         for key, allowed in CHOICES.items():
             if raw.get(key) not in allowed:
                 raise ConfigError(f"has value {raw.get(key)!r}", source="stacks.yaml",
                                   field=f"{name}.{key}", expected=" | ".join(allowed))
+        fusions = []
+        for i, f in enumerate(raw.get("fusions") or ()):
+            if not isinstance(f, dict) or not f.get("name") or not f.get("source"):
+                raise ConfigError("needs a name and its source", source="stacks.yaml",
+                                  field=f"{name}.fusions[{i}]", expected="{name, source}")
+            fusions.append(str(f["name"]))
         out[name] = OpStack(name=name, description=str(raw["description"]).strip(),
                             source=str(raw["source"]).strip(),
                             kv_block_size=int(raw.get("kv_block_size", 0)),
                             logits_gather=bool(raw.get("logits_gather", False)),
+                            fusions=check_fusions(fusions, f"{name}.fusions"),
                             **{k: raw[k] for k in CHOICES})
     return out
 

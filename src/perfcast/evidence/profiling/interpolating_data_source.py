@@ -60,7 +60,12 @@ from perfcast.evidence.profiling.query_paths.attention import (
     attention_row,
     params_for,
 )
-from perfcast.evidence.profiling.query_paths.common import Candidate, shapes_of, tc_inputs
+from perfcast.evidence.profiling.query_paths.common import (
+    Candidate,
+    kernel_list,
+    shapes_of,
+    tc_inputs,
+)
 from perfcast.evidence.profiling.query_paths.composite import lookup_decomposed, query_sub_kernel
 from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
 from perfcast.evidence.profiling.residuals import confidence_of, line_details
@@ -373,7 +378,7 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
         elif m.query_mode not in ("attention_special", "moe_fused") and m.kernel_type:
             # compute path (also elementwise ops without an output, unknown query modes)
             inputs = tc_inputs(op, m.tc_input_count)
-            cand = self.compute_candidate(m.kernel_types, inputs, m.tc_input_count,
+            cand = self.compute_candidate(kernel_list(m, inputs=inputs), inputs, m.tc_input_count,
                                           [tuple(t.shape) for t in op.outputs], m.kernel_type)
             sim = shapes_of(inputs)
         if cand is None:

@@ -4,8 +4,10 @@ Generic rules, tried per input in this order: identity, batch-dim stripping (a l
 1), matmul weight transpose (CSV stores (N,K), perfcast (K,N)), block-padding
 tolerance (a dim rounded up to 16/32/64), 3D->2D flattening and merging of the last
 two dims. FRACTAL_NZ CSV shapes are restored to ND first. Which kernel admits which
-rule is data (`KERNEL_RULES`); layout differences between perfcast's operator and the
-kernel (RoPE, SwiGlu, reshape-and-cache) are small registered normalisers.
+rule is data (`KERNEL_RULES`); layout differences between TensorCast's operator (the
+calls perfcast's graph makes on the `tensorcast` stack) and the kernel (RoPE, SwiGlu,
+reshape-and-cache) are small registered normalisers, those of TensorCast's
+`profiling_data_source.py`.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def padded_match(a: Shape, b: Shape) -> bool:
 
 # -- layout normalisers ------------------------------------------------------------
 def _concat_gate_up(inputs: Sequence[TensorIn], csv_count: int) -> list[TensorIn] | None:
-    """SwiGlu given gate and up separately; the kernel takes them concatenated."""
+    """TensorCast's `swiglu(gate, up)`; the kernel takes them concatenated on the last
+    dim."""
     if len(inputs) != 2 or csv_count != 1:
         return None
     (s1, d1), (s2, d2) = inputs
@@ -101,22 +104,25 @@ def _concat_gate_up(inputs: Sequence[TensorIn], csv_count: int) -> list[TensorIn
 
 
 def _rope_kq_bshd(inputs: Sequence[TensorIn], csv_count: int) -> list[TensorIn] | None:
-    """Model order (Q, K[, cos, sin]) in (B,H,S,D); kernel order (K, Q[, cos, sin]) in
-    (B,S,H,D) with a unit head dim on cos/sin."""
+    """TensorCast's `apply_rope(k, q, cos, sin)`, k (B,kv,S,D) and q (B,H,S,D), ->
+    the kernel's (q, k[, cos, sin]) in (B,S,H,D), a unit head dim added to 3-D cos/sin
+    (`_normalize_rope_inputs`, which names the slots the other way round: the CSV's first
+    tensor has the query heads)."""
     if len(inputs) < 2 or csv_count < 2:
         return None
     def bshd(s: Shape) -> Shape:
         return (s[0], s[2], s[1], s[3]) if len(s) == 4 else s
-    (q, dq), (k, dk) = inputs[0], inputs[1]
-    out = [(bshd(k), dk), (bshd(q), dq)]
+    (k, dk), (q, dq) = inputs[0], inputs[1]
+    out = [(bshd(q), dq), (bshd(k), dk)]
     for s, d in inputs[2:4]:
         out.append(((s[0], s[1], 1, s[2]) if len(s) == 3 else s, d))
     return out
 
 
 def _split_kv_cache(inputs: Sequence[TensorIn], csv_count: int) -> list[TensorIn] | None:
-    """(key(N,D), value(N,D), kv_cache(2,...), slots) -> (key(N,1,D), value(N,1,D),
-    cache_k, cache_v, slots)."""
+    """TensorCast's `reshape_and_cache(key (N,D), value (N,D), kv_cache (2,...), slots)`
+    -> the kernel's (key (N,1,D), value (N,1,D), cache_k, cache_v, slots)
+    (`_normalize_reshape_and_cache_inputs`)."""
     if len(inputs) != 4 or csv_count != 5:
         return None
     (k, dk), (v, dv), (c, dc), (s, ds) = inputs

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.data_source import LookupMiss, ShapeMatchInfo
 from perfcast.evidence.profiling.kernel_csv import KernelRow, KernelTable, KernelTables, query_dtype
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
@@ -91,5 +92,20 @@ def miss(reason: str, detail: str = "", simulation_shapes: tuple[Shape, ...] = (
     return LookupMiss(reason, detail, ShapeMatchInfo(simulation_shapes, (), reason))
 
 
-def kernel_list(mapping: OperatorMapping, *, with_alternates: bool = True) -> list[str]:
-    return list(mapping.kernel_types if with_alternates else mapping.kernel_types[:1])
+def kernel_list(mapping: OperatorMapping, *, with_alternates: bool = True,
+                inputs: Sequence[tuple[Shape, str]] = ()) -> list[str]:
+    """The kernels to try, in order; with `inputs`, those the mapping's
+    `kernel_types_by_input_rank` lists for the rank of the first input come first (as
+    TensorCast's `_lookup_compute` reorders them)."""
+    kinds = list(mapping.kernel_types if with_alternates else mapping.kernel_types[:1])
+    by_rank = mapping.extra.get("kernel_types_by_input_rank")
+    if by_rank is None or not inputs:
+        return kinds
+    fld = f"operator_mappings.{mapping.name}.kernel_types_by_input_rank"
+    if not isinstance(by_rank, dict) or not all(
+            isinstance(v, list) and all(isinstance(k, str) for k in v) for v in by_rank.values()):
+        raise ConfigError(f"has value {by_rank!r}", field=fld,
+                          expected="a mapping of input rank -> list of kernel type names")
+    rank = len(inputs[0][0])
+    first = by_rank.get(rank, by_rank.get(str(rank), []))
+    return list(dict.fromkeys([*first, *kinds]))

@@ -1,5 +1,6 @@
 """Compute path: match input shapes, dtypes and formats against `{kernel_type}.csv`,
-trying `alternate_kernel_types` in order."""
+trying `alternate_kernel_types` in order (after the kernels `kernel_types_by_input_rank`
+lists for the first input's rank)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMappin
         return LookupMiss("unmapped", f"{mapping.name} has no kernel_type")
     inputs = tc_inputs(op, mapping.tc_input_count)
     sim = shapes_of(inputs)
-    found = find_compute_match(ctx, kernel_list(mapping), inputs, mapping.tc_input_count)
+    found = find_compute_match(ctx, kernel_list(mapping, inputs=inputs), inputs,
+                               mapping.tc_input_count)
     if isinstance(found, LookupMiss):
         return LookupMiss(found.reason, found.detail,
                           ShapeMatchInfo(sim, (), found.reason))
