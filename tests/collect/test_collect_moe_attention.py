@@ -228,12 +228,13 @@ def test_replayed_fia_grid_rows_answer_the_attention_lookup(tmp_path):
     bf16 = FIA_PAGED.replace("FLOAT;FLOAT;FLOAT;", "DT_BF16;DT_BF16;DT_BF16;").replace(
         "FLOAT;FLOAT,ND;ND", "DT_BF16;FLOAT,ND;ND").replace(",,,,,100", ",9,9,0,3,100")
     (db / "FusedInferAttentionScore.csv").write_text(f"{HEADER},avg_seq_len\n{bf16}\n")
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({**TINY_MOE, "model_type": "llama"}))
+    # the per-kernel-type grid (no mapping yet: with one, the grid writes the queried rows)
+    generate_grid(db, [str(cfg)], rows=4, seed=5, tp_sizes=(1,), max_memory_gb=0.006)
     (db / "op_mapping.yaml").write_text(
         'operator_mappings:\n  "tensor_cast.attention.default":\n'
         '    kernel_type: FusedInferAttentionScore\n    query_mode: attention_special\n')
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({**TINY_MOE, "model_type": "llama"}))
-    generate_grid(db, [str(cfg)], rows=4, seed=5, tp_sizes=(1,), max_memory_gb=0.006)
     run = replay_database(db, CpuBackend(num_threads=1), update_mode="missing-only",
                           settings=ReplaySettings(repeat_count=2, warmup=0), device="local_cpu")
     assert len(run.replayed) == 4 and not run.failed

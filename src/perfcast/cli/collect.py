@@ -35,7 +35,7 @@ CannOpt = Annotated[str, typer.Option("--cann-version", help="CANN version")]
 
 
 LIST_OPTIONS = ("--ops", "--num-devices", "--bytes-grid", "--target-models", "--tp-sizes",
-                "--ep-sizes")
+                "--ep-sizes", "--batch-sizes", "--prefill-lengths", "--decode-lengths")
 
 
 def join_list_values(args: list[str], options: tuple[str, ...] = LIST_OPTIONS) -> list[str]:
@@ -123,17 +123,39 @@ def grid_command(
     ep_sizes: Annotated[Optional[list[str]], typer.Option(
         "--ep-sizes", help="EP degrees of MoE expert GEMM rows")] = None,
     ops: Annotated[Optional[list[str]], typer.Option("--ops", help="only these kernel types")] = None,
+    batch_sizes: Annotated[Optional[list[str]], typer.Option(
+        "--batch-sizes", help="requests per step (with op_mapping.yaml)")] = None,
+    prefill_lengths: Annotated[Optional[list[str]], typer.Option(
+        "--prefill-lengths", help="prompt tokens of prefill steps (with op_mapping.yaml)")] = None,
+    decode_lengths: Annotated[Optional[list[str]], typer.Option(
+        "--decode-lengths", help="context tokens of decode steps (with op_mapping.yaml)")] = None,
 ) -> None:
-    """Append theory shape rows (empty durations) for the target models."""
-    from perfcast.collect.grid import EP_SIZES, TP_SIZES, generate_grid
+    """Append theory shape rows (empty durations) for the target models: with an
+    op_mapping.yaml, the kernel rows their estimates look up."""
+    from perfcast.collect.grid import (
+        BATCH_GRID,
+        EP_SIZES,
+        PREFILL_GRID,
+        TP_SIZES,
+        decode_contexts,
+        generate_grid,
+    )
+
+    def ints(values, default):
+        return tuple(int(t) for t in _split(values)) or default
 
     with user_errors():
         db = derive_database_path(database_path, device, vllm_version, torch_version, cann_version)
-        tps = tuple(int(t) for t in _split(tp_sizes)) or TP_SIZES
-        eps = tuple(int(t) for t in _split(ep_sizes)) or EP_SIZES
         result = generate_grid(db, _split(target_models), rows=rows, seed=seed,
-                               max_memory_gb=max_memory_gb, tp_sizes=tps, ops=_split(ops),
-                               ep_sizes=eps)
+                               max_memory_gb=max_memory_gb, tp_sizes=ints(tp_sizes, TP_SIZES),
+                               ops=_split(ops), ep_sizes=ints(ep_sizes, EP_SIZES), device=device,
+                               batch_sizes=ints(batch_sizes, BATCH_GRID),
+                               prefill_lengths=ints(prefill_lengths, PREFILL_GRID),
+                               decode_lengths=ints(decode_lengths, decode_contexts()))
+        if result.calls:
+            why = ", ".join(f"{n} {reason}" for reason, n in result.no_row.items())
+            typer.echo(f"{result.calls} distinct calls looked up" + (f"; without a row: {why}"
+                                                                     if why else ""))
         for ktype, n in sorted(result.appended.items()):
             typer.echo(f"{ktype}: +{n} rows")
         typer.echo(f"appended {sum(result.appended.values())} rows to {len(result.written)} CSV(s)")

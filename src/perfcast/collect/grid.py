@@ -1,6 +1,16 @@
 """`collect grid`: append theory shape rows (empty durations) for target models.
 
-For every CSV already in the database whose kernel type has a writable layout
+A database with an `op_mapping.yaml` (one the profiling model reads) gets the rows its
+estimates look up (`query_grid_rows`): for every target model, layout (`tp_sizes` x
+`ep_sizes`, EP only for MoE models and dividing TP) and step (prefill `batch x length`,
+decode `batch x context`) the task graph is built as `perfcast estimate` builds it, and
+each task's call is asked which kernel rows its lookup reads (`collect.query_rows`,
+through the mapping and the query paths). Only calls whose lookup needs no row (zero
+cost, accepted miss) or cannot have one (unmapped, no decomposer) write nothing; they
+are counted in `GridResult.no_row`.
+
+A database without a mapping (torch-profiler kernels from `collect parse`) gets the
+per-kernel-type grid below. For every CSV already in the database whose kernel type has a writable layout
 (kernel_types.yaml), candidate axes come from the target models' configs across TP degrees:
 
 * GEMM: m from a dense small-m grid up to 32768; (n, k) from each model's projections
@@ -25,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfcast.collect.kernel_types import (
@@ -52,11 +62,13 @@ from perfcast.collect.tables import (
     format_shapes,
     load_database,
     parse_shapes,
+    read_table,
     split_list,
     table_key,
     write_tables,
 )
 from perfcast.core.errors import ConfigError
+from perfcast.evidence.profiling.op_mapping import MAPPING_FILE
 from perfcast.workload.families.traits import NUM_EXPERTS_KEYS, MoeSpec
 from perfcast.workload.model_spec import ModelSpec, builtin_models, load_model_spec
 
@@ -79,6 +91,8 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64"
 class GridResult:
     appended: dict[str, int]
     written: tuple[Path, ...]
+    calls: int = 0                                   # distinct calls asked (query grid)
+    no_row: dict[str, int] = field(default_factory=dict)  # why calls wrote no row
 
 
 def sqrt_space(lo: int, hi: int, points: int) -> tuple[int, ...]:
@@ -314,20 +328,43 @@ def comm_rows(table: KernelTable, max_bytes: float) -> list[dict[str, str]]:
 def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, rows: int = 1000,
                   seed: int | None = None, max_memory_gb: float = 32.0,
                   tp_sizes: Sequence[int] = TP_SIZES, ops: Sequence[str] = (),
-                  ep_sizes: Sequence[int] = EP_SIZES) -> GridResult:
+                  ep_sizes: Sequence[int] = EP_SIZES, device: str = "",
+                  batch_sizes: Sequence[int] = BATCH_GRID,
+                  prefill_lengths: Sequence[int] = PREFILL_GRID,
+                  decode_lengths: Sequence[int] | None = None) -> GridResult:
     """Append theory rows to the CSVs of `database_path`. `rows=0` means no cap per CSV;
     `seed=None` samples with seed 0 (the result is always reproducible). Without
-    `target_models` the grid is the full one: every built-in model config."""
+    `target_models` the grid is the full one: every built-in model config.
+
+    With an `op_mapping.yaml` the rows are those the estimates of the models query on
+    the database's device (`device` when it declares none) at the steps
+    `batch_sizes` x (`prefill_lengths` | `decode_lengths`, default `decode_contexts()`)."""
     if rows < 0:
         raise ConfigError(f"has value {rows}", field="--rows", expected="0 or a positive integer")
     models = [load_model_spec(m) for m in target_models or builtin_models()]
+    if not Path(database_path).is_dir():
+        load_database(Path(database_path))  # the error for a missing folder
+    max_bytes = max_memory_gb * 2**30 if max_memory_gb else 0.0
+    rng = random.Random(0 if seed is None else seed)
+    ops = [table_key(o) for o in ops]
+    if (Path(database_path) / MAPPING_FILE).is_file():
+        from perfcast.collect.devices import database_device
+        from perfcast.hardware import load_system
+
+        name = database_device(Path(database_path), device)
+        if not name:
+            raise ConfigError("declares no device, so no estimate's graph can be built",
+                              source=str(database_path), field="--device",
+                              expected="--device NAME (or `device:` in op_mapping.yaml)")
+        batches = grid_batches(batch_sizes, prefill_lengths,
+                               decode_contexts() if decode_lengths is None else decode_lengths)
+        return generate_query_grid(Path(database_path), models, load_system(name), rows=rows,
+                                   rng=rng, max_bytes=max_bytes, tp_sizes=tp_sizes,
+                                   ep_sizes=ep_sizes, ops=ops, batches=batches)
     tables = load_database(Path(database_path))
     if not tables:
         raise ConfigError("holds no CSV to extend", source=str(database_path),
                           field="--database-path", expected="a database with {KernelType}.csv files")
-    max_bytes = max_memory_gb * 2**30 if max_memory_gb else 0.0
-    rng = random.Random(0 if seed is None else seed)
-    ops = [table_key(o) for o in ops]
     appended, changed = {}, []
     for ktype, table in sorted(tables.items()):
         if ops and ktype not in ops:
@@ -347,3 +384,167 @@ def generate_grid(database_path: Path, target_models: Sequence[str] = (), *, row
             changed.append(table)
     written = write_tables(changed) if changed else []
     return GridResult(appended=appended, written=tuple(written))
+
+
+# -- the rows the estimates query (databases with op_mapping.yaml) ----------------------
+def decode_contexts() -> tuple[int, ...]:
+    return sqrt_space(DECODE_KV_MIN, DECODE_KV_MAX, DECODE_KV_POINTS)
+
+
+def grid_layouts(model: ModelSpec, tp_sizes: Sequence[int], ep_sizes: Sequence[int]) -> list:
+    """One `ParallelPlan` per TP degree (dp = 1), plus for a MoE model every EP degree
+    > 1 that divides it (experts over EP ranks, the rest of TP inside each expert)."""
+    from perfcast.workload import ParallelPlan
+
+    moe = any(model.raw.get(key) for key in NUM_EXPERTS_KEYS)
+    plans = []
+    for tp in tp_sizes:
+        plans.append(ParallelPlan(tp=tp))
+        if moe:
+            plans += [ParallelPlan(tp=tp, ep=ep) for ep in ep_sizes if 1 < ep <= tp and tp % ep == 0]
+    return plans
+
+
+def grid_batches(batch_sizes: Sequence[int], prefill_lengths: Sequence[int],
+                 decode_lengths: Sequence[int]) -> list:
+    from perfcast.workload import Batch
+
+    return ([Batch.prefill(b, s) for b in batch_sizes for s in prefill_lengths]
+            + [Batch.decode(b, kv) for b in batch_sizes for kv in decode_lengths])
+
+
+def step_calls(model: ModelSpec, system, plan, batch) -> list:
+    """The operator calls of one step as the profiling provider receives them: the task
+    graph `perfcast estimate` builds (its stack for the device; TensorCast's MLA call,
+    which `--mla-call auto` picks with the profiling model), one call per task."""
+    from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
+    from perfcast.evidence.queries import query_for_task
+    from perfcast.plan.step import EstimateRequest, _build_graph
+    from perfcast.workload.quant import precision_for_model
+
+    request = EstimateRequest(model=model, device=system, plan=plan, batch=batch,
+                              precision=precision_for_model(model), mla_call="tensorcast")
+    graph = _build_graph(request, model, batch, system)
+    return [OpInvokeInfo.from_query(query_for_task(t, system.name)) for t in graph.tasks]
+
+
+@dataclass
+class QueryRows:
+    rows: dict[tuple[str, bool], list]          # (kernel type, communication) -> RowSpecs
+    calls: int = 0
+    no_row: dict[str, int] = field(default_factory=dict)
+    skipped_layouts: list[str] = field(default_factory=list)
+
+
+def query_grid_rows(database_path: Path, models: Sequence[ModelSpec], system,
+                    tp_sizes: Sequence[int], ep_sizes: Sequence[int], batches: Sequence
+                    ) -> QueryRows:
+    """Every kernel row the profiling lookups of `models` read over the layouts and
+    steps, in first-query order (each distinct row once)."""
+    from perfcast.collect.query_rows import RowIndex, kernel_rows
+    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+
+    out = QueryRows(rows={})
+    seen_calls, index = set(), RowIndex()
+    for model in models:
+        for plan in grid_layouts(model, tp_sizes, ep_sizes):
+            ds = ProfilingDataSource(database_path, system, plan)
+            for batch in batches:
+                try:
+                    calls = step_calls(model, system, plan, batch)
+                except ConfigError as exc:  # a layout the model cannot take (heads % tp)
+                    out.skipped_layouts.append(f"{model.name} tp={plan.tp} ep={plan.ep}: {exc}")
+                    break
+                for op in calls:
+                    key = (op.operator, op.inputs, op.outputs, tuple(sorted(op.dims.items())),
+                           plan.ep)
+                    if key in seen_calls:
+                        continue
+                    seen_calls.add(key)
+                    out.calls += 1
+                    specs, reason = kernel_rows(ds, op)
+                    if reason:
+                        out.no_row[reason] = out.no_row.get(reason, 0) + 1
+                    for spec in specs:
+                        if not index.answers(spec):  # else the lookup reads that row
+                            index.add(spec)
+                            out.rows.setdefault((spec.kernel_type, spec.communication),
+                                                []).append(spec)
+    return out
+
+
+def _spec_row(spec, table: KernelTable, new: bool) -> dict[str, str]:
+    """A RowSpec as a CSV row of `table` (runtime columns the table lacks are written
+    only into a new table, except the avg_seq_len an attention row needs)."""
+    from perfcast.collect.query_rows import csv_dtype
+
+    row: dict[str, str] = {}
+    if not spec.communication:
+        row[INPUT_SHAPES] = format_shapes([s for s, _, _ in spec.inputs])
+        row[INPUT_DTYPES] = ";".join(csv_dtype(d) for _, d, _ in spec.inputs)
+        row[INPUT_FORMATS] = ";".join(f for _, _, f in spec.inputs)
+        row[OUTPUT_SHAPES] = format_shapes([s for s, _ in spec.outputs])
+        row[OUTPUT_DTYPES] = ";".join(csv_dtype(d) for _, d in spec.outputs)
+        row[OUTPUT_FORMATS] = ";".join("ND" for _ in spec.outputs)
+        if table.rows:
+            row.update({c: table.rows[0].get(c, "") for c in (STATE, CORE) if c in table.header})
+    for column, value in spec.columns:
+        if column == "Runtime avg_seq_len" and column not in table.header \
+                and "avg_seq_len" in table.header:
+            column = "avg_seq_len"
+        if new or column in table.header or column == "Runtime avg_seq_len":
+            row[column] = value
+    return row
+
+
+def _spec_bytes(spec) -> float:
+    from perfcast.core.dtypes import dtype_bytes
+
+    return float(sum(math.prod(s) * dtype_bytes(d) for s, d, _ in spec.inputs)
+                 + sum(math.prod(s) * dtype_bytes(d) for s, d in spec.outputs))
+
+
+def generate_query_grid(database_path: Path, models: Sequence[ModelSpec], system, *,
+                        rows: int, rng: random.Random, max_bytes: float,
+                        tp_sizes: Sequence[int], ep_sizes: Sequence[int], ops: Sequence[str],
+                        batches: Sequence) -> GridResult:
+    from perfcast.collect.tables import COMM_COLUMNS, SHAPE_COLUMNS, STAT_COLUMNS, csv_name
+    from perfcast.evidence.profiling.op_mapping import load_op_mapping
+
+    found = query_grid_rows(database_path, models, system, tp_sizes, ep_sizes, batches)
+    mapping = load_op_mapping(database_path)
+    comm_dir = ((database_path / mapping.communication_data_ref).resolve()
+                if mapping.communication_data_ref else database_path)
+    appended, changed = {}, []
+    for (kernel, comm), specs in found.rows.items():
+        if ops and table_key(kernel) not in ops:
+            continue
+        path = (comm_dir if comm else database_path) / csv_name(kernel)
+        new = not path.is_file()
+        if new:
+            extra = [c for s in specs for c, _ in s.columns]
+            header = list(COMM_COLUMNS) if comm else (
+                list(SHAPE_COLUMNS) + list(dict.fromkeys(extra)) + list(STAT_COLUMNS))
+            table = KernelTable(table_key(kernel), header, [], path)
+        else:
+            table = read_table(path)
+        candidates = [_spec_row(s, table, new) for s in specs
+                      if not max_bytes or _spec_bytes(s) <= max_bytes]
+        for row in candidates:
+            table.ensure_columns([c for c in row if c not in table.header])
+        existing = {table.key_of(r) for r in table.rows}
+        added = []
+        for row in candidates:
+            if table.key_of(row) not in existing:
+                existing.add(table.key_of(row))
+                added.append(row)
+        if rows and len(added) > rows:
+            added = rng.sample(added, rows)
+        if added:
+            table.rows.extend(added)
+            appended[table.kernel_type] = len(added)
+            changed.append(table)
+    written = write_tables(changed) if changed else []
+    return GridResult(appended=appended, written=tuple(written), calls=found.calls,
+                      no_row=dict(sorted(found.no_row.items())))
+
