@@ -139,3 +139,30 @@ def test_every_pattern_names_a_fused_operator_for_each_key_variant():
     for p in PATTERNS.values():
         assert set(p.fused) == set(p.parts[p.key_part])
         assert p.source.startswith("tensor_cast/compilation/")
+
+
+def test_the_roofline_prices_a_fused_kernels_collectives():
+    # MC2 overlaps its all-reduce with the matmul, DispatchFFNCombine runs its two
+    # all-to-alls after the compute (TensorCast's estimators of the fused operators)
+    from perfcast.evidence.collectives import collective_time
+    from perfcast.evidence.factory import build_resolver
+    from perfcast.evidence.queries import query_for_task
+    from perfcast.hardware import load_system
+
+    system = load_system("atlas_800_a3_752t_128g_die")
+    roof = next(p for p in build_resolver(system).providers if p.name == "roofline")
+    for model, plan, group in (("Qwen/Qwen3-32B", ParallelPlan(tp=4), "attn.o_proj"),
+                               ("Qwen/Qwen3-30B-A3B", ParallelPlan(tp=4, ep=4), "moe.experts")):
+        g = build_task_graph(load_model_spec(model), plan, Batch.decode(8, 1024),
+                             stack="vllm-ascend-0.18")
+        fused = next(t for t in g.tasks if t.group == group)
+        q = query_for_task(fused, system.name)
+        est = roof.estimate(q)
+        c = est.components
+        tier = system.tier_for_group(fused.work.participants)
+        comm = sum(collective_time(op, float(m), fused.work.participants, tier, "auto")[0]
+                   for op, m in (x.split(":") for x in fused.work.axes["comm_collectives"].split("+")))
+        assert c["comm_s"] == pytest.approx(comm) and comm > 0
+        core = max(c["compute_s"], c["memory_s"])
+        expect = max(core, comm) if fused.work.axes["comm_combine"] == "overlap" else core + comm
+        assert est.latency_s == pytest.approx(expect + c["launch_s"])

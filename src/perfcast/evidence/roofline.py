@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfcast.core.canonical import content_digest
 from perfcast.core.dtypes import DType, engine_dtype
 from perfcast.core.frozen import FrozenDict
+from perfcast.evidence.collectives import collective_time
 from perfcast.evidence.contracts import (
     CostEstimate,
     CostQuery,
@@ -85,6 +86,22 @@ class RooflineCostProvider:
             raise LookupError(f"{dev.name} {kind.value} engine has no rate for {key}")
         return rate * eff, used, assumptions
 
+    def _fused_collectives_s(self, query: CostQuery) -> float:
+        """Alpha-beta time of the collectives a fused kernel runs (axis
+        `comm_collectives`: `operation:message_bytes` joined by `+`), over the tier of
+        the query's group."""
+        spec = query.dim("comm_collectives")
+        if not spec:
+            return 0.0
+        p = int(query.participants or query.dim("participants", 0) or 0)
+        tier = (self.system.tier_named(query.network_tier) if query.network_tier
+                else self.system.tier_for_group(p))
+        total = 0.0
+        for part in str(spec).split("+"):
+            operation, message = part.split(":")
+            total += collective_time(operation, float(message), p, tier, "auto")[0]
+        return total
+
     def estimate(self, query: CostQuery) -> CostEstimate | Miss:
         if query.zero_cost:
             return CostEstimate(latency_s=0.0, method=EstimateMethod.ANALYTICAL,
@@ -106,6 +123,9 @@ class RooflineCostProvider:
         if compute_s == 0 and memory_s == 0:
             return Miss("query has neither FLOPs nor bytes and is not declared zero-cost")
         core = max(compute_s, memory_s) if self.mode == "roofline" else compute_s + memory_s
+        comm_s = self._fused_collectives_s(query)
+        if comm_s:  # a fused compute + communication kernel (MC2, DispatchFFNCombine)
+            core = max(core, comm_s) if query.dim("comm_combine") == "overlap" else core + comm_s
         # a fused call that runs as several kernels (`kernel_launches`) launches each
         launches = int(query.dim("kernel_launches", 1) or 1)
         launch_s = dev.launch_overhead_s * launches if self.include_launch else 0.0
@@ -117,6 +137,8 @@ class RooflineCostProvider:
         if rate_key:
             validity["rate_dtype"] = rate_key
         components = {"compute_s": compute_s, "memory_s": memory_s, "launch_s": launch_s}
+        if comm_s:
+            components["comm_s"] = comm_s
         if intensity != float("inf"):
             components["arithmetic_intensity"] = intensity
         return CostEstimate(

@@ -21,10 +21,12 @@ The fused task:
   summed; every weight-holding part must have the same `weight_shards`), so parameter
   counts and memory facts are those of the unfused graph.
 
-The analytic roofline prices a fused task's compute and memory only; its collectives
-(`comm_operation`, `comm_message_bytes`, `comm_participants` attributes) are what a
-profiling database's composite row (MC2: matmul + `hcom_allReduce_`) or the fused
-kernel's own row (DispatchFFNCombine) measures.
+The analytic roofline prices a fused task's collectives (axis `comm_collectives`: each
+`operation:message_bytes`) with the collective model and adds them as TensorCast's
+estimator of the fused operator does (`comm_combine`: MC2 overlaps them with the matmul,
+DispatchFFNCombine runs them after the compute); a profiling database's composite row
+(MC2: matmul + `hcom_allReduce_`) or the fused kernel's own row (DispatchFFNCombine)
+measures the whole.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class FusionPattern:
     operation: str = ""
     group: str = ""
     source: str = ""
+    # how the fused kernel's collectives add to its compute: `overlap` (max of the two)
+    # or `serial` (after it), as TensorCast's estimator of the fused operator prices it
+    comm_combine: str = "serial"
 
 
 def _ops(*names: str) -> frozenset[str]:
@@ -93,8 +98,10 @@ PATTERNS: dict[str, FusionPattern] = {p.name: p for p in (
     FusionPattern(
         name="matmul_all_reduce",
         parts=(frozenset(_MC2_LINEARS), _ops("tensor_cast.all_reduce.default")),
-        key_part=0, fused=_MC2_LINEARS,
-        source="tensor_cast/compilation/freezing_passes/patterns/matmul_allreduce.py"),
+        key_part=0, fused=_MC2_LINEARS, comm_combine="overlap",
+        source="tensor_cast/compilation/freezing_passes/patterns/matmul_allreduce.py; "
+               "priced max(matmul, all_reduce) by _estimate_matmul_all_reduce "
+               "(tensor_cast/performance_model/__init__.py)"),
     FusionPattern(
         name="dispatch_ffn_combine",
         parts=(_ops("tensor_cast.init_routing_v2.default"), _ops("tensor_cast.all_to_all.default"),
@@ -102,7 +109,10 @@ PATTERNS: dict[str, FusionPattern] = {p.name: p for p in (
                _ops("aten.cat.default"), _ops("tensor_cast.all_to_all.default"),
                _ops("tensor_cast.unpermute_tokens.default")),
         key_part=3, fused=_DFC_GATE_UP, operation="moe_fused", group="moe.experts",
-        source="tensor_cast/compilation/freezing_passes/dispatch_ffn_combine_pass.py"),
+        comm_combine="serial",
+        source="tensor_cast/compilation/freezing_passes/dispatch_ffn_combine_pass.py; "
+               "priced max(compute, memory) + 2 all_to_all by _estimate_dfc_common "
+               "(tensor_cast/performance_model/__init__.py)"),
 )}
 
 
@@ -205,6 +215,10 @@ def fuse(run: Sequence[Task], p: FusionPattern) -> Task:
         attrs.update(comm_operation="+".join(t.operation for t in comms),
                      comm_message_bytes=float(message),
                      comm_participants=int(axes["participants"]))
+        # each collective of the fused kernel, for the analytic price (roofline)
+        axes.update(comm_collectives="+".join(f"{t.operation}:{int(t.work.message_bytes)}"
+                                              for t in comms),
+                    comm_combine=p.comm_combine)
     prefix = key.lineage[:len(key.lineage) - len(key.group)]
     group = p.group or key.group
     deps = tuple(dict.fromkeys(d for t in run for d in t.deps if d not in inside))
