@@ -166,3 +166,17 @@ def test_the_roofline_prices_a_fused_kernels_collectives():
         core = max(c["compute_s"], c["memory_s"])
         expect = max(core, comm) if fused.work.axes["comm_combine"] == "overlap" else core + comm
         assert est.latency_s == pytest.approx(expect + c["launch_s"])
+
+
+def test_dispatch_ffn_combine_matches_without_the_regroup_copy():
+    # a prefill where every local expert receives rows has no tensor_cast.cat between the
+    # all-to-all and the grouped GEMM (tests/fixtures/tensorcast/qwen3_30b_a3b_prefill_ep.json)
+    plan = ParallelPlan(tp=4, ep=4)
+    spec = load_model_spec("Qwen/Qwen3-30B-A3B")
+    plain = build_task_graph(spec, plan, Batch.prefill(1, 512), BF16, stack="tensorcast")
+    assert "tensor_cast.cat.default" not in {t.operator for t in plain.tasks}
+    fused = build_task_graph(spec, plan, Batch.prefill(1, 512), BF16, stack=STACK)
+    ops = {t.operator for t in fused.tasks}
+    assert "tensor_cast.dispatch_ffn_combine.default" in ops
+    assert "tensor_cast.all_to_all.default" not in ops
+    assert fused.total_flops() == pytest.approx(plain.total_flops())

@@ -154,3 +154,12 @@ def test_tensorcast_moe_keeps_the_parameters(model, ep):
     t, d = graph("tensorcast", model, plan=plan), graph("default", model, plan=plan)
     assert t.param_count() == pytest.approx(d.param_count(), rel=1e-12)
     assert t.param_count(active=True) == pytest.approx(d.param_count(active=True), rel=1e-9)
+
+
+def test_tensorcast_moe_regroup_copy_only_when_some_local_expert_gets_no_rows():
+    # decode: 16 routed rows per source over 128 experts leave 16 of rank 0's 32 experts
+    # empty (a tensor_cast.cat regroups); prefill of 512: every expert gets rows, no copy
+    ops = lambda batch: [t.operator for t in graph(  # noqa: E731
+        "tensorcast", "Qwen/Qwen3-30B-A3B", batch, ParallelPlan(tp=4, ep=4)).tasks]
+    assert "tensor_cast.cat.default" in ops(Batch.decode(8, 1024))
+    assert "tensor_cast.cat.default" not in ops(Batch.prefill(1, 512))

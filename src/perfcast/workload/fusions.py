@@ -59,6 +59,20 @@ class FusionPattern:
     # how the fused kernel's collectives add to its compute: `overlap` (max of the two)
     # or `serial` (after it), as TensorCast's estimator of the fused operator prices it
     comm_combine: str = "serial"
+    # parts the compiled graph may lack (TensorCast's regroup copy when every local expert
+    # receives rows); the pattern also matches without them
+    optional_parts: frozenset[int] = frozenset()
+
+    def variants(self) -> tuple[FusionPattern, ...]:
+        """The pattern, then (if it has optional parts) the pattern without them."""
+        if not self.optional_parts:
+            return (self,)
+        keep = [k for k in range(len(self.parts)) if k not in self.optional_parts]
+        shorter = replace(self, parts=tuple(self.parts[k] for k in keep),
+                          key_part=keep.index(self.key_part),
+                          inputs_from=keep.index(self.inputs_from),
+                          optional_parts=frozenset())
+        return (self, shorter)
 
 
 def _ops(*names: str) -> frozenset[str]:
@@ -109,7 +123,7 @@ PATTERNS: dict[str, FusionPattern] = {p.name: p for p in (
                _ops("aten.cat.default"), _ops("tensor_cast.all_to_all.default"),
                _ops("tensor_cast.unpermute_tokens.default")),
         key_part=3, fused=_DFC_GATE_UP, operation="moe_fused", group="moe.experts",
-        comm_combine="serial",
+        comm_combine="serial", optional_parts=frozenset({2}),
         source="tensor_cast/compilation/freezing_passes/dispatch_ffn_combine_pass.py; "
                "priced max(compute, memory) + 2 all_to_all by _estimate_dfc_common "
                "(tensor_cast/performance_model/__init__.py)"),
@@ -141,15 +155,18 @@ def _apply(tasks: list[Task], p: FusionPattern) -> list[Task]:
             users.setdefault(d, set()).add(t.lineage)
     out: list[Task] = []
     renamed: dict[str, str] = {}
-    i, n = 0, len(p.parts)
+    i = 0
     while i < len(tasks):
-        run = tasks[i:i + n]
-        if len(run) == n and _matches(run, p, users):
-            fused = fuse(run, p)
-            for t in run:
-                renamed[t.lineage] = fused.lineage
-            out.append(fused)
-            i += n
+        for v in p.variants():
+            n = len(v.parts)
+            run = tasks[i:i + n]
+            if len(run) == n and _matches(run, v, users):
+                fused = fuse(run, v)
+                for t in run:
+                    renamed[t.lineage] = fused.lineage
+                out.append(fused)
+                i += n
+                break
         else:
             out.append(tasks[i])
             i += 1

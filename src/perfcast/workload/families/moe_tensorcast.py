@@ -83,9 +83,13 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
     last = b.collective("moe.dispatch", "all_to_all", deps=(last,), participants=ep,
                         message_bytes=pairs * h * act_b,
                         shapes=((pairs, h), (n_rows, h)), **ins)
-    last = b.elementwise("moe.group_by_expert", "tensor_cast.cat.default", "copy",
-                         inputs=(got,), outputs=(got,), flops=0, deps=(last,), **ins,
-                         signature=((), (got,)))
+    if groups < local:
+        # the rows regrouped by expert (`rearrange_token_by_expert`); when every local
+        # expert receives rows the compiled graph keeps no such copy (the split of the
+        # dispatched rows sinks into the grouped GEMM: sink_split_pass), as the dumps show
+        last = b.elementwise("moe.group_by_expert", "tensor_cast.cat.default", "copy",
+                             inputs=(got,), outputs=(got,), flops=0, deps=(last,), **ins,
+                             signature=((), (got,)))
     inter = spec.inter
     gate_up_w, down_w = h * 2 * inter, inter * h
     up_bias, down_bias = (2 * inter, h) if traits.expert_bias else (0, 0)
