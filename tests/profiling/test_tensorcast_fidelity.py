@@ -32,11 +32,17 @@ fid = _load_benchmark()
 FLOORS = {
     "deepseek_v3_decode_tp16_ep16": 1.0,
     "deepseek_v3_decode_tp8": 1.0,
+    "deepseek_v3_prefill_tp16_ep16": 1.0,
+    "qwen3_235b_a22b_decode_ep8": 1.0,
     "qwen3_30b_a3b_decode_ep": 1.0,
     "qwen3_30b_a3b_decode_ep_fused": 1.0,  # stack vllm-ascend-0.18 (dispatch_ffn_combine, MC2)
+    "qwen3_30b_a3b_decode_tp4": 1.0,
+    "qwen3_30b_a3b_prefill_ep": 1.0,
     "qwen3_32b_decode_tp4": 1.0,
     "qwen3_32b_decode_tp4_mc2": 1.0,  # stack vllm-ascend-0.18 (matmul_all_reduce)
+    "qwen3_32b_decode_w8a8_tp4": 1.0,
     "qwen3_32b_prefill_tp4": 1.0,
+    "qwen3_8b_decode_ctx1000": 1.0,  # 1,001 tokens a request: block table 3 x 8, 24 cache blocks
     "qwen3_8b_decode_tp1": 1.0,
     "qwen3_8b_decode_w8a8": 1.0,
     "qwen3_8b_decode_w8a8_tp4_mc2": 1.0,  # stack vllm-ascend-0.18 (static_quant_linear_all_reduce)
