@@ -419,12 +419,12 @@ def step_calls(model: ModelSpec, system, plan, batch) -> list:
     which `--mla-call auto` picks with the profiling model), one call per task."""
     from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
     from perfcast.evidence.queries import query_for_task
-    from perfcast.plan.step import EstimateRequest, _build_graph
+    from perfcast.plan.step import EstimateRequest, build_step_graph
     from perfcast.workload.quant import precision_for_model
 
     request = EstimateRequest(model=model, device=system, plan=plan, batch=batch,
                               precision=precision_for_model(model), mla_call="tensorcast")
-    graph = _build_graph(request, model, batch, system)
+    graph = build_step_graph(request, model, batch, system)
     return [OpInvokeInfo.from_query(query_for_task(t, system.name)) for t in graph.tasks]
 
 

@@ -31,7 +31,7 @@ from perfcast.evidence.profiling.profiling_data_source import (
 )
 from perfcast.evidence.profiling.query_paths.attention import AttentionParams, params_for
 from perfcast.evidence.profiling.query_paths.communication import hccl_message_bytes
-from perfcast.evidence.profiling.query_paths.composite import _mc2_message_bytes
+from perfcast.evidence.profiling.query_paths.composite import mc2_message_bytes
 from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
 from perfcast.evidence.profiling.query_paths.moe import EP_COLUMN
 from perfcast.evidence.profiling.shape_rules import (
@@ -242,7 +242,7 @@ def kernel_rows(ds: ProfilingDataSource, op: OpInvokeInfo) -> tuple[list[RowSpec
         for kt in (k for k in m.sub_kernels if k.startswith(COMM_PREFIX)):
             if n < 1:
                 return [], "invalid_args"
-            rows.append(comm_row(ds, kt, _mc2_message_bytes(op), n, str(op.dim("tier", "") or "")))
+            rows.append(comm_row(ds, kt, mc2_message_bytes(op), n, str(op.dim("tier", "") or "")))
         return rows, ""
     if m.category == "communication":
         n = int(op.dim("participants", 0) or 0)

@@ -90,7 +90,7 @@ class StepResult:
         return self.tokens / lat / self.graph.num_devices if lat > 0 else 0.0
 
 
-def _build_graph(request: EstimateRequest, model: ModelSpec, batch: Batch,
+def build_step_graph(request: EstimateRequest, model: ModelSpec, batch: Batch,
                  system: System) -> TaskGraph:
     """The task graph of `batch` (the whole step or one microbatch) under the request.
     `mla_call="auto"` is TensorCast's one MLA call under a stack with TensorCast's
@@ -109,7 +109,7 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
     halves = OverlapMode.parse(request.overlap).halves
     system = request.device if isinstance(request.device, System) else load_system(request.device)
     model = request.model if isinstance(request.model, ModelSpec) else load_model_spec(request.model)
-    graph = _build_graph(request, model, request.batch, system)
+    graph = build_step_graph(request, model, request.batch, system)
     resolver = resolver or build_resolver(system, roofline_mode=request.roofline_mode)
     costed = cost_graph(graph, system.name, resolver, request.context)
     options = PlanOptions(num_microbatches=request.num_microbatches,
@@ -124,7 +124,7 @@ def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None
             if halves > 1 else ""
         for part in split_batch(request.batch, parts, note=note):
             if part not in by_batch:
-                by_batch[part] = cost_graph(_build_graph(request, model, part, system), system.name,
+                by_batch[part] = cost_graph(build_step_graph(request, model, part, system), system.name,
                                             resolver, request.context)
             units.append(by_batch[part])
     timeline = schedule_plan(units, system, options)

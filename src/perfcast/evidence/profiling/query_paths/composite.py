@@ -47,7 +47,7 @@ from perfcast.evidence.profiling.residuals import (
 QUANT_DTYPES_REDUCED_IN_BF16 = frozenset({"int8", "fp8", "int4", "mxfp4", "nvfp4", "fp4"})
 
 
-def _mc2_message_bytes(op: OpInvokeInfo) -> int:
+def mc2_message_bytes(op: OpInvokeInfo) -> int:
     if op.outputs and op.outputs[0].shape:
         out = op.outputs[0]
         elem = 2.0 if out.dtype in QUANT_DTYPES_REDUCED_IN_BF16 else dtype_bytes(out.dtype)
@@ -77,7 +77,7 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
         n = int(op.dim("participants", 0) or 0)
         if n < 1:
             return LookupMiss("invalid_args", f"{mapping.name} has no participants for {kt}")
-        mb = _mc2_message_bytes(op)
+        mb = mc2_message_bytes(op)
         found = query_comm_csv(ctx, kt, mb, n, ctx.topology_tier(n, str(op.dim("tier", "") or "")))
         if isinstance(found, LookupMiss):
             return LookupMiss("comm_sub_kernel_miss", f"{kt}: {found}",
