@@ -83,7 +83,7 @@ def test_rows_for_keeps_csv_order_and_the_unindexed_rows(tmp_path):
                  '"8,4095",DT_BF16,ND,4\n'
                  '"8,1024",DT_BF16,ND,5\n')
     t = read_kernel_table("K", p)
-    assert [r.first_dim for r in t.rows] == [4096, None, 4096, 4095, 1024]
+    assert [r.first_input_last_dim() for r in t.rows] == [4096, None, 4096, 4095, 1024]
     assert [r.latency_us for r in t.rows_for({4096})] == [1, 2, 3]
     assert [r.latency_us for r in t.rows_for(None)] == [1, 2, 3, 4, 5]
     # 4096 is 4095 padded to a tile: that row is read, and matches

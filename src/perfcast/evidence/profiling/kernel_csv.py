@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import gc
 import hashlib
 import io
 import math
@@ -92,11 +93,11 @@ class KernelRow:
     reads the few rows its first-input index points to; see `KernelTable.rows_for`)."""
 
     __slots__ = ("index", "latency_us", "values", "column_index", "_cols", "_path",
-                 "_ins", "_outs", "first_dim")
+                 "_ins", "_outs")
 
     def __init__(self, index: int, latency_us: float, values: Sequence[str],
                  column_index: dict[str, int], cols: Sequence[int | None] = (),
-                 path: str = "", first_dim: int | None = None) -> None:
+                 path: str = "") -> None:
         self.index = index                      # 0-based data row number in the CSV
         self.latency_us = latency_us
         self.values = values
@@ -105,8 +106,6 @@ class KernelRow:
         self._path = path
         self._ins: tuple | None = None
         self._outs: tuple | None = None
-        # the first input's last dim as written (`first_input_last_dim`, given by _parse)
-        self.first_dim = first_dim
 
     def _cell(self, k: int) -> str:
         c = self._cols[k] if k < len(self._cols) else None
@@ -193,10 +192,12 @@ class KernelTable:
     path: Path
     columns: tuple[str, ...]
     latency_column: str
-    rows: tuple[KernelRow, ...]
     sha256: str
     bad_durations: tuple[int, ...] = ()   # CSV line numbers of unusable duration text
     foreign_rows: tuple[int, ...] = ()    # CSV line numbers measured on another device
+    # (data row number, latency, cells) of each usable row; `rows` are made from them
+    records: tuple[tuple[int, float, list[str]], ...] = ()
+    tensor_columns: tuple[int | None, ...] = ()  # the six tensor cells' columns
 
     def has(self, column: str) -> bool:
         return column in self.columns
@@ -205,20 +206,56 @@ class KernelTable:
         return f"{self.kernel_type}.csv#{row.index}"
 
     @functools.cached_property
-    def _by_first_last_dim(self) -> dict[int | None, tuple[KernelRow, ...]]:
-        out: dict[int | None, list[KernelRow]] = {}
-        for row in self.rows:
-            out.setdefault(row.first_dim, []).append(row)
-        return {k: tuple(v) for k, v in out.items()}
+    def _column_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.columns)}
 
-    def rows_for(self, last_dims: set[int] | None) -> tuple[KernelRow, ...] | list[KernelRow]:
+    @functools.cached_property
+    def _objects(self) -> list[KernelRow | None]:
+        return [None] * len(self.records)
+
+    def row(self, k: int) -> KernelRow:
+        """The k-th usable row (made on first use)."""
+        row = self._objects[k]
+        if row is None:
+            i, latency, rec = self.records[k]
+            row = self._objects[k] = KernelRow(i, latency, rec, self._column_index,
+                                               self.tensor_columns, str(self.path))
+        return row
+
+    @functools.cached_property
+    def rows(self) -> tuple[KernelRow, ...]:
+        """Every usable row, in CSV order (made once; `rows_for` shares them)."""
+        return tuple(self.row(k) for k in range(len(self.records)))
+
+    @functools.cached_property
+    def _by_first_last_dim(self) -> dict[int | None, list[int]]:
+        out: dict[int | None, list[int]] = {}
+        shapes_i, formats_i = self.tensor_columns[0], self.tensor_columns[2]
+        for k, (_, _, rec) in enumerate(self.records):
+            # `first_input_last_dim`, its common case inline (a plain first tensor, no NZ)
+            head = rec[shapes_i] if shapes_i is not None and shapes_i < len(rec) else ""
+            head = head.strip().strip('"').split(";", 1)[0]
+            fmt = rec[formats_i] if formats_i is not None and formats_i < len(rec) else ""
+            key = None
+            if head.strip() and "FRACTAL_NZ" not in fmt:
+                try:
+                    key = int(head.rsplit(",", 1)[-1])
+                except ValueError:
+                    pass
+            if key is None:
+                key = self.row(k).first_input_last_dim()
+            out.setdefault(key, []).append(k)
+        return out
+
+    def rows_for(self, last_dims: set[int] | None) -> Sequence[KernelRow]:
         """The rows whose first input's last dim is in `last_dims` (and those the index
         cannot read), in CSV order; every row when `last_dims` is None."""
         if last_dims is None:
             return self.rows
         index = self._by_first_last_dim
-        picked = [r for d in last_dims for r in index.get(d, ())] + list(index.get(None, ()))
-        return sorted(picked, key=lambda r: r.index)
+        picked = sorted([k for d in last_dims for k in index.get(d, ())]
+                        + index.get(None, []))
+        return [self.row(k) for k in picked]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -264,6 +301,19 @@ def duration_cell(text: str) -> float | None | str:
 @functools.lru_cache(maxsize=256)
 def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str = ""
            ) -> KernelTable:
+    # the rows hold no reference cycles: collecting while a large CSV is read only
+    # re-scans them (a quarter of the parse time of 100,000 rows)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_rows(kernel_type, path_text, sha, raw, device)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_rows(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str
+                ) -> KernelTable:
     path = Path(path_text)
     reader = csv.reader(io.StringIO(raw.decode("utf-8-sig")))
     header = next(reader, [])
@@ -277,8 +327,7 @@ def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str =
     cols = [index.get(c) for c in (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES,
                                    OUTPUT_DTYPES, OUTPUT_FORMATS)]
     dev_i, prof_i = index.get(MEASURED_DEVICE), index.get(PROFILED_LATENCY)
-    shapes_i, formats_i = cols[0], cols[2]
-    rows, bad, foreign = [], [], []
+    records, bad, foreign = [], [], []
     for i, rec in enumerate(reader):
         if not rec:
             continue
@@ -303,23 +352,11 @@ def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str =
             continue
         if latency is None:
             continue  # rows without a duration carry no evidence
-        # first_input_last_dim, its common case inline (a plain first tensor, no NZ)
-        head = rec[shapes_i] if shapes_i is not None and shapes_i < len(rec) else ""
-        head = head.strip().strip('"').split(";", 1)[0]
-        fmt = rec[formats_i] if formats_i is not None and formats_i < len(rec) else ""
-        first_dim = None
-        if head.strip() and "FRACTAL_NZ" not in fmt:
-            try:
-                first_dim = int(head.rsplit(",", 1)[-1])
-            except ValueError:
-                pass
-        row = KernelRow(i, latency, rec, index, cols, path_text, first_dim)
-        if first_dim is None:
-            row.first_dim = row.first_input_last_dim()
-        rows.append(row)
+        records.append((i, latency, rec))
     return KernelTable(kernel_type=kernel_type, path=path, columns=columns,
-                       latency_column=lat_col, rows=tuple(rows), sha256=sha,
-                       bad_durations=tuple(bad), foreign_rows=tuple(foreign))
+                       latency_column=lat_col, sha256=sha, bad_durations=tuple(bad),
+                       foreign_rows=tuple(foreign), records=tuple(records),
+                       tensor_columns=tuple(cols))
 
 
 class KernelTables:

@@ -50,8 +50,8 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
         return found
     # tell a different number of tensors from different shapes (primary kernel's CSV)
     primary = next((ctx.tables.get(k) for k in kernel_types if ctx.tables.get(k)), None)
-    if primary is not None and primary.rows:
-        csv_count = len(primary.rows[0].input_shapes)
+    if primary is not None and primary.records:
+        csv_count = len(primary.row(0).input_shapes)
         tc_count = len(inputs)
         if tc_input_count is not None:
             csv_count = min(csv_count, tc_input_count)
