@@ -35,7 +35,9 @@ rule TensorCast applies to that call:
   first output shape and dtype.
 * R4 `composite` with static `sub_kernels`: a row of the first compute sub-kernel with
   the call's inputs (truncated to `tc_input_count`): `_lookup_composite` takes the first
-  compute sub-kernel that matches.
+  compute sub-kernel that matches; and for each `hcom_*` sub-kernel (MC2) a collective
+  row as R1 with `message_bytes` = mat1.shape[0] x mat2.shape[-1] x the output element
+  size, 2 bytes for int8/fp8 inputs (`_lookup_comm_for_composite`, `full_output`).
 * R5 compute (everything else): the kernel is the first of
   `kernel_types_by_input_rank[rank of input 0]` when declared, else `kernel_type`;
   scalar tensors are dropped (`_extract_tensor_inputs`), tensors of list arguments
@@ -270,8 +272,17 @@ def rows_for_call(call: dict, mappings: dict, flags: dict):
                "Input Formats": ";".join("ND" for _ in ins),
                **outputs_cell(outs), "Average Duration(us)": KERNEL_US}
         return [(m["kernel_type"], False, row)]
+    comm_rows = []
     if m.get("composite"):                                                    # R4
         kernel = next(k for k in m.get("sub_kernels", []) if not k.startswith("hcom_"))
+        n = flags["tp"]
+        for hcom in (k for k in m.get("sub_kernels", []) if k.startswith("hcom_")):
+            (a, da), (b, _) = ins[0], ins[1]
+            elem = 2 if da in ("int8", "uint8") or da.startswith("float8") else BYTES[da]
+            comm_rows.append((hcom, True, {"message_bytes": a[0] * b[-1] * elem,
+                                           "num_devices": n,
+                                           "topology_tier": topology_tier(range(n)),
+                                           "Duration(us)": COMM_US}))
     else:                                                                     # R5
         by_rank = m.get("kernel_types_by_input_rank") or {}
         ranked = by_rank.get(len(ins[0][0])) if ins else None
@@ -280,7 +291,7 @@ def rows_for_call(call: dict, mappings: dict, flags: dict):
             kernel = DECODE_KERNELS[op]                                       # R6
     row = {**compute_row(m, kernel, ins, outs), **outputs_cell(outs),
            "Average Duration(us)": KERNEL_US}
-    return [(kernel, False, row)]
+    return [(kernel, False, row), *comm_rows]
 
 
 def row_key(row: dict) -> tuple:

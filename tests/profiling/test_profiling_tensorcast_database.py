@@ -22,7 +22,9 @@ from perfcast.cli.estimate import EstimateArgs, run_estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ["qwen3_8b_decode_tp1", "qwen3_8b_prefill_tp1", "qwen3_32b_decode_tp4",
-         "qwen3_8b_decode_w8a8"]
+         "qwen3_8b_decode_w8a8",
+         # vLLM-Ascend's MC2 fusion (matmul + all-reduce as one composite call)
+         "qwen3_32b_decode_tp4_mc2", "qwen3_8b_decode_w8a8_tp4_mc2"]
 # operators a case may still miss, with the first input of the missed call; documented
 # in docs/profiling.md ("A database of TensorCast's own calls"): the RoPE tables' gathers,
 # for which the mapping says the NPU runs no Index kernel (rule R7 of the generator)
@@ -133,6 +135,12 @@ def test_generator_rules_on_real_calls(mapping):
     call, flags = _call("qwen3_8b_prefill_tp1", "aten.index.Tensor", 1)
     [(kernel, _, row)] = rows_for_call(call, mapping, flags)
     assert (kernel, row["Input Shapes"]) == ("Index", "512,4096;1")
+    # R4 MC2: the compute sub-kernel's row and the all-reduce of the bf16 output
+    call, flags = _call("qwen3_8b_decode_w8a8_tp4_mc2",
+                        "tensor_cast.static_quant_linear_all_reduce.default")
+    [(k1, c1, r1), (k2, c2, r2)] = rows_for_call(call, mapping, flags)
+    assert (k1, c1, k2, c2) == ("QuantBatchMatmulV3", False, "hcom_allReduce_", True)
+    assert (r2["message_bytes"], r2["num_devices"]) == (8 * 4096 * 2, 4)
     # R0: zero-cost views get no row
     call, flags = _call("qwen3_8b_decode_tp1", "aten.view.default")
     assert rows_for_call(call, mapping, flags) == []

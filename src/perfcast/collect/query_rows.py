@@ -165,9 +165,9 @@ def compute_row(ds: ProfilingDataSource, kernels: Sequence[str],
 
 def _reads(kernel: str, inputs, tensors, count: int | None) -> bool:
     """`match_inputs` of the compute path on a row holding `tensors`."""
-    row = KernelRow(0, 0.0, tuple(s for s, _, _ in tensors),
-                    tuple(query_dtype(d) for _, d, _ in tensors),
-                    tuple(f for _, _, f in tensors), (), ())
+    row = KernelRow.from_tensors(tuple(s for s, _, _ in tensors),
+                                 tuple(query_dtype(d) for _, d, _ in tensors),
+                                 tuple(f for _, _, f in tensors))
     return match_inputs(kernel, inputs, row, count) is not None
 
 
@@ -285,10 +285,11 @@ def kernel_rows(ds: ProfilingDataSource, op: OpInvokeInfo) -> tuple[list[RowSpec
 
 
 def _kernel_row(spec: RowSpec) -> KernelRow:
-    return KernelRow(0, 0.0, tuple(s for s, _, _ in spec.inputs),
-                     tuple(query_dtype(d) for _, d, _ in spec.inputs),
-                     tuple(f for _, _, f in spec.inputs),
-                     tuple(s for s, _ in spec.outputs), tuple(d for _, d in spec.outputs))
+    return KernelRow.from_tensors(tuple(s for s, _, _ in spec.inputs),
+                                  tuple(query_dtype(d) for _, d, _ in spec.inputs),
+                                  tuple(f for _, _, f in spec.inputs),
+                                  tuple(s for s, _ in spec.outputs),
+                                  tuple(d for _, d in spec.outputs))
 
 
 def _scalable(want: str, have: str | None) -> bool:

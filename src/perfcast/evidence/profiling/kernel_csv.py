@@ -5,7 +5,10 @@ as `DT_BF16;INT8`, formats as `ND;FRACTAL_NZ`. Empty tensor slots (optional inpu
 `DT_UNDEFINED`) are dropped together with their dtype and format so the remaining
 slots stay aligned. The latency column is the first present of `LATENCY_COLUMNS`.
 
-Rows without a duration (empty, `N/A`) carry no evidence and are left out; a duration
+A row's tensors are parsed when a lookup first reads them (an unreadable shape is then an
+error naming the CSV line); lookups read only the rows whose first input can match (its
+last dim, `KernelTable.rows_for`). Rows without a duration (empty, `N/A`) carry no
+evidence and are left out; a duration
 that is text, negative or not finite is left out too and its CSV line number listed in
 `KernelTable.bad_durations`. A replayed row records the device it was measured on
 (`MicroBench Device`): read for another device, its replayed `Average Duration(us)` is
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import csv
 import functools
+import gc
 import hashlib
 import io
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from perfcast.core.dtypes import parse_dtype
@@ -83,17 +88,98 @@ def parse_list(text: str) -> list[str]:
     return [x.strip() for x in t.split(";")] if t else []
 
 
-@dataclass(frozen=True)
 class KernelRow:
-    index: int                                  # 0-based data row number in the CSV
-    latency_us: float
-    input_shapes: tuple[Shape, ...]
-    input_dtypes: tuple[str | None, ...]
-    input_formats: tuple[str, ...]
-    output_shapes: tuple[Shape, ...]
-    output_dtypes: tuple[str | None, ...]
-    values: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    column_index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """One data row: its latency read at load, its tensors parsed on first use (a lookup
+    reads the few rows its first-input index points to; see `KernelTable.rows_for`)."""
+
+    __slots__ = ("index", "latency_us", "values", "column_index", "_cols", "_path",
+                 "_ins", "_outs")
+
+    def __init__(self, index: int, latency_us: float, values: Sequence[str],
+                 column_index: dict[str, int], cols: Sequence[int | None] = (),
+                 path: str = "") -> None:
+        self.index = index                      # 0-based data row number in the CSV
+        self.latency_us = latency_us
+        self.values = values
+        self.column_index = column_index
+        self._cols = cols                       # columns of the six tensor cells
+        self._path = path
+        self._ins: tuple | None = None
+        self._outs: tuple | None = None
+
+    @classmethod
+    def from_tensors(cls, input_shapes, input_dtypes, input_formats, output_shapes=(),
+                     output_dtypes=(), latency_us: float = 0.0) -> KernelRow:
+        """A row built from tensors already known (a row to be written, e.g. by
+        `collect grid`), not read from a CSV."""
+        row = cls(0, latency_us, (), {})
+        row._ins = (tuple(input_shapes), tuple(input_dtypes), tuple(input_formats))
+        row._outs = (tuple(output_shapes), tuple(output_dtypes), ("ND",) * len(output_shapes))
+        return row
+
+    def _cell(self, k: int) -> str:
+        c = self._cols[k] if k < len(self._cols) else None
+        return self.values[c] if c is not None and c < len(self.values) else ""
+
+    def _parse(self, first: int) -> tuple:
+        try:
+            return _tensors(self._cell(first), self._cell(first + 1), self._cell(first + 2))
+        except ValueError as exc:
+            raise InvalidEvidenceError(
+                f"{self._path}: row {self.index + 2}: unreadable shape ({exc})") from None
+
+    def _inputs(self) -> tuple:
+        if self._ins is None:
+            self._ins = self._parse(0)
+        return self._ins
+
+    def _outputs(self) -> tuple:
+        if self._outs is None:
+            self._outs = self._parse(3)
+        return self._outs
+
+    @property
+    def input_shapes(self) -> tuple[Shape, ...]:
+        return self._inputs()[0]
+
+    @property
+    def input_dtypes(self) -> tuple[str | None, ...]:
+        return self._inputs()[1]
+
+    @property
+    def input_formats(self) -> tuple[str, ...]:
+        return self._inputs()[2]
+
+    @property
+    def output_shapes(self) -> tuple[Shape, ...]:
+        return self._outputs()[0]
+
+    @property
+    def output_dtypes(self) -> tuple[str | None, ...]:
+        return self._outputs()[1]
+
+    def first_input_last_dim(self) -> int | None:
+        """The last dim of the first (non-empty) input as the CSV writes it, read without
+        parsing the row; None when it has none, is unreadable or is FRACTAL_NZ (restored
+        to another shape before matching)."""
+        text = self._cell(0).strip().strip('"')
+        head = text.split(";", 1)[0]
+        i = 0
+        if not head.strip():
+            parts = text.split(";")
+            i = next((k for k, part in enumerate(parts) if part.strip()), -1)
+            if i < 0:
+                return None
+            head = parts[i]
+        fmt = self._cell(2)
+        if "FRACTAL_NZ" in fmt:
+            formats = _dtypes(fmt)
+            if i < len(formats) and formats[i] == "FRACTAL_NZ":
+                return None
+        try:
+            return int(head.rsplit(",", 1)[-1])
+        except ValueError:
+            return None
 
     def text(self, column: str) -> str:
         i = self.column_index.get(column)
@@ -106,6 +192,9 @@ class KernelRow:
             return None
         return value if math.isfinite(value) else None
 
+    def __repr__(self) -> str:
+        return f"KernelRow(index={self.index}, latency_us={self.latency_us})"
+
 
 @dataclass(frozen=True)
 class KernelTable:
@@ -113,16 +202,70 @@ class KernelTable:
     path: Path
     columns: tuple[str, ...]
     latency_column: str
-    rows: tuple[KernelRow, ...]
     sha256: str
     bad_durations: tuple[int, ...] = ()   # CSV line numbers of unusable duration text
     foreign_rows: tuple[int, ...] = ()    # CSV line numbers measured on another device
+    # (data row number, latency, cells) of each usable row; `rows` are made from them
+    records: tuple[tuple[int, float, list[str]], ...] = ()
+    tensor_columns: tuple[int | None, ...] = ()  # the six tensor cells' columns
 
     def has(self, column: str) -> bool:
         return column in self.columns
 
     def record_id(self, row: KernelRow) -> str:
         return f"{self.kernel_type}.csv#{row.index}"
+
+    @functools.cached_property
+    def _column_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.columns)}
+
+    @functools.cached_property
+    def _objects(self) -> list[KernelRow | None]:
+        return [None] * len(self.records)
+
+    def row(self, k: int) -> KernelRow:
+        """The k-th usable row (made on first use)."""
+        row = self._objects[k]
+        if row is None:
+            i, latency, rec = self.records[k]
+            row = self._objects[k] = KernelRow(i, latency, rec, self._column_index,
+                                               self.tensor_columns, str(self.path))
+        return row
+
+    @functools.cached_property
+    def rows(self) -> tuple[KernelRow, ...]:
+        """Every usable row, in CSV order (made once; `rows_for` shares them)."""
+        return tuple(self.row(k) for k in range(len(self.records)))
+
+    @functools.cached_property
+    def _by_first_last_dim(self) -> dict[int | None, list[int]]:
+        out: dict[int | None, list[int]] = {}
+        shapes_i, formats_i = self.tensor_columns[0], self.tensor_columns[2]
+        for k, (_, _, rec) in enumerate(self.records):
+            # `first_input_last_dim`, its common case inline (a plain first tensor, no NZ)
+            head = rec[shapes_i] if shapes_i is not None and shapes_i < len(rec) else ""
+            head = head.strip().strip('"').split(";", 1)[0]
+            fmt = rec[formats_i] if formats_i is not None and formats_i < len(rec) else ""
+            key = None
+            if head.strip() and "FRACTAL_NZ" not in fmt:
+                try:
+                    key = int(head.rsplit(",", 1)[-1])
+                except ValueError:
+                    pass
+            if key is None:
+                key = self.row(k).first_input_last_dim()
+            out.setdefault(key, []).append(k)
+        return out
+
+    def rows_for(self, last_dims: set[int] | None) -> Sequence[KernelRow]:
+        """The rows whose first input's last dim is in `last_dims` (and those the index
+        cannot read), in CSV order; every row when `last_dims` is None."""
+        if last_dims is None:
+            return self.rows
+        index = self._by_first_last_dim
+        picked = sorted([k for d in last_dims for k in index.get(d, ())]
+                        + index.get(None, []))
+        return [self.row(k) for k in picked]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -168,6 +311,19 @@ def duration_cell(text: str) -> float | None | str:
 @functools.lru_cache(maxsize=256)
 def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str = ""
            ) -> KernelTable:
+    # the rows hold no reference cycles: collecting while a large CSV is read only
+    # re-scans them (a quarter of the parse time of 100,000 rows)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_rows(kernel_type, path_text, sha, raw, device)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_rows(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str
+                ) -> KernelTable:
     path = Path(path_text)
     reader = csv.reader(io.StringIO(raw.decode("utf-8-sig")))
     header = next(reader, [])
@@ -181,36 +337,36 @@ def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str =
     cols = [index.get(c) for c in (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES,
                                    OUTPUT_DTYPES, OUTPUT_FORMATS)]
     dev_i, prof_i = index.get(MEASURED_DEVICE), index.get(PROFILED_LATENCY)
-    rows, bad, foreign = [], [], []
+    records, bad, foreign = [], [], []
     for i, rec in enumerate(reader):
         if not rec:
             continue
         cell = lat_i
-        measured_on = rec[dev_i].strip() if dev_i is not None and dev_i < len(rec) else ""
-        if device and measured_on and canonical_device(measured_on) != device:
-            foreign.append(i + 2)
-            if prof_i is None or prof_i == lat_i:
-                continue
-            cell = prof_i  # the profiled duration, measured on the database's device
-        latency = duration_cell(rec[cell] if cell < len(rec) else "")
+        if dev_i is not None:
+            measured_on = rec[dev_i].strip() if dev_i < len(rec) else ""
+            if device and measured_on and canonical_device(measured_on) != device:
+                foreign.append(i + 2)
+                if prof_i is None or prof_i == lat_i:
+                    continue
+                cell = prof_i  # the profiled duration, measured on the database's device
+        text = rec[cell] if cell < len(rec) else ""
+        try:
+            latency = float(text)
+        except ValueError:
+            latency = duration_cell(text)
+        else:
+            if not 0 <= latency < math.inf:
+                latency = "bad"
         if latency == "bad":
             bad.append(i + 2)
             continue
         if latency is None:
             continue  # rows without a duration carry no evidence
-        get = [rec[c] if c is not None and c < len(rec) else "" for c in cols]
-        try:
-            ins = _tensors(get[0], get[1], get[2])
-            outs = _tensors(get[3], get[4], get[5])
-        except ValueError as exc:
-            raise InvalidEvidenceError(f"{path}: row {i + 2}: unreadable shape ({exc})") from None
-        rows.append(KernelRow(index=i, latency_us=latency, input_shapes=ins[0],
-                              input_dtypes=ins[1], input_formats=ins[2],
-                              output_shapes=outs[0], output_dtypes=outs[1],
-                              values=tuple(rec), column_index=index))
+        records.append((i, latency, rec))
     return KernelTable(kernel_type=kernel_type, path=path, columns=columns,
-                       latency_column=lat_col, rows=tuple(rows), sha256=sha,
-                       bad_durations=tuple(bad), foreign_rows=tuple(foreign))
+                       latency_column=lat_col, sha256=sha, bad_durations=tuple(bad),
+                       foreign_rows=tuple(foreign), records=tuple(records),
+                       tensor_columns=tuple(cols))
 
 
 class KernelTables:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from perfcast.core import yamlio
 from perfcast.core.errors import ConfigError
 
 MAPPING_FILE = "op_mapping.yaml"
@@ -161,7 +162,7 @@ def load_op_mapping(path: str | Path) -> OpMapping:
                           expected=f"a profiling database directory holding {MAPPING_FILE}"
                           ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"is not valid YAML: {exc}", source=str(p)) from None
     return op_mapping_from_dict(data, str(p))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from perfcast.evidence.interpolation import (
+from perfcast.evidence.interpolation_residuals import (
     LOO_MIN_SAMPLES,
     ResidualTable,
     confidence_from_rel_std,

@@ -149,6 +149,33 @@ def effective_input_count(kernel_type: str, tc_count: int, csv_count: int) -> in
     return tc_count
 
 
+def first_input_last_dims(kernel_type: str, inputs: Sequence[TensorIn]) -> set[int] | None:
+    """Every last dim a CSV row's first input can have and still match `inputs` under
+    `match_inputs` (input 0 as given or after the kernel's normaliser; equal, or one a
+    block-padded dim rounds up from; flattened or merged last dims): a superset, for
+    skipping rows without parsing them. None when there is no first input."""
+    if not inputs:
+        return None
+    rule = KERNEL_RULES.get(kernel_type, DEFAULT_RULE)
+    firsts = [inputs[0][0]]
+    if rule.normalizer:
+        for csv_count in range(1, 6):
+            alt = INPUT_NORMALIZERS[rule.normalizer](inputs, csv_count)
+            if alt:
+                firsts.append(alt[0][0])
+    lasts = set()
+    for shape in firsts:
+        if not shape:
+            return None
+        lasts.add(shape[-1])
+        s3 = strip_batch_dim(shape) if len(strip_batch_dim(shape)) == 3 else \
+            shape if len(shape) == 3 else None
+        if rule.merge_last_dims and s3 is not None:
+            lasts.add(s3[1] * s3[2])
+    # a CSV dim the query's dim is block padded from lies within the largest block below
+    return {d - k for d in lasts for k in range(max(BLOCK_SIZES)) if d - k >= 0}
+
+
 def _dtype_ok(rule: KernelRule, want: str, have: str | None) -> bool:
     if have == want:
         return True

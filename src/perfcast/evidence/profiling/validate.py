@@ -176,6 +176,8 @@ def validate_database(directory: str | Path, decomposers=None,
             continue
         try:
             table = tables.get(kernel, comm)
+            for row in table.rows:  # tensors are parsed lazily: read every row once here
+                row.input_shapes, row.output_shapes  # noqa: B018
         except PerfcastError as exc:
             report.issues.append(Issue("error", p.name, str(exc)))
             continue

@@ -46,11 +46,12 @@ Checker = Callable[[KernelTable, KernelRow], Candidate | None]
 
 
 def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Checker, *,
-                   nearest: bool = False, communication: bool = False
+                   nearest: bool = False, communication: bool = False,
+                   rows: Callable[[KernelTable], Sequence[KernelRow]] | None = None
                    ) -> Candidate | LookupMiss:
     """The best matching row in kernel priority order: within one kernel's CSV, the first
     row at distance 0 (an exact rule), else its nearest; with `nearest`, the nearest row
-    over all kernels.
+    over all kernels. `rows(table)`: the rows of a table that can match (default all).
 
     Misses with `csv_not_found` when none of the kernels has a CSV, else `shape_mismatch`
     (callers refine the reason)."""
@@ -61,7 +62,7 @@ def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Che
         if table is None:
             continue
         loaded = True
-        for row in table.rows:
+        for row in (rows(table) if rows is not None else table.rows):
             cand = checker(table, row)
             if cand is None:
                 continue

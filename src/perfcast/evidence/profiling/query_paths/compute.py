@@ -23,7 +23,11 @@ from perfcast.evidence.profiling.query_paths.common import (
     tc_inputs,
 )
 from perfcast.evidence.profiling.residuals import confidence_of, measured_details
-from perfcast.evidence.profiling.shape_rules import effective_input_count, match_inputs
+from perfcast.evidence.profiling.shape_rules import (
+    effective_input_count,
+    first_input_last_dims,
+    match_inputs,
+)
 
 Shape = tuple[int, ...]
 
@@ -38,13 +42,16 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
         return Candidate(row.latency_us, table.kernel_type, table, row, rule=rule,
                          distance=1.0 if "padding" in rule else 0.0)
 
-    found = find_candidate(ctx, kernel_types, checker)
+    def candidates(table):
+        return table.rows_for(first_input_last_dims(table.kernel_type, inputs))
+
+    found = find_candidate(ctx, kernel_types, checker, rows=candidates)
     if isinstance(found, Candidate) or found.reason != "shape_mismatch":
         return found
     # tell a different number of tensors from different shapes (primary kernel's CSV)
     primary = next((ctx.tables.get(k) for k in kernel_types if ctx.tables.get(k)), None)
-    if primary is not None and primary.rows:
-        csv_count = len(primary.rows[0].input_shapes)
+    if primary is not None and primary.records:
+        csv_count = len(primary.row(0).input_shapes)
         tc_count = len(inputs)
         if tc_input_count is not None:
             csv_count = min(csv_count, tc_input_count)
