@@ -222,6 +222,8 @@ class GraphBuilder:
         stack = self.options.get("stack", "default")
         self.stack: OpStack = stack if isinstance(stack, OpStack) else load_stack(stack)
         self.tasks: list[Task] = []
+        # tasks emitted once per step and shared by layers (e.g. the RoPE table gathers)
+        self.step_tasks: dict[Any, Any] = {}
         self._lineages: set[str] = set()
         self.conventions: dict[str, str] = {}
 

@@ -117,8 +117,8 @@ def rope_tables(b: GraphBuilder, stage: int, rotary_dim: int) -> tuple[str, ...]
     if b.stack.rope_tables != "gathered":
         return ()
     key = ("rope_tables", stage)
-    if key in b.options:
-        return b.options[key]
+    if key in b.step_tasks:
+        return b.step_tasks[key]
     act = b.precision.activation
     tokens = b.local_batch.tokens
     positions = int(b.model.raw.get("max_position_embeddings") or 0)
@@ -132,7 +132,7 @@ def rope_tables(b: GraphBuilder, stage: int, rotary_dim: int) -> tuple[str, ...]
         f"rope.{name}_gather", "aten.index.Tensor", "table_gather", inputs=(rows, ids),
         outputs=(rows,), flops=0, stage=stage, signature=((table,), (rows,)))
         for name in ("cos", "sin"))
-    b.options[key] = out
+    b.step_tasks[key] = out
     return out
 
 
