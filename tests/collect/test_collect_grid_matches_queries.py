@@ -32,8 +32,6 @@ DEVICE = "atlas_800_a3_752t_128g_die"  # the mapping's device
 # Calls the real mapping cannot answer whatever rows the database holds: the grid writes
 # none for them and the estimate misses them, each for the reason named here.
 MAPPING_MISSES = {
-    # composite with neither sub_kernels nor a decomposer registered in perfcast
-    "tensor_cast.mlapo.default": "no_sub_kernels",
     # not in the CANN 8.5 mapping at all
     "tensor_cast.concat_and_cache_mla.default": "unmapped",
     "aten.amax.default": "unmapped",

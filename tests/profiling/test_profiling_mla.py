@@ -8,7 +8,7 @@ avg_seq_len 2048."""
 import json
 
 import pytest
-from profiling_helpers import FIA_DB
+from profiling_helpers import FIA_DB, measured_per_layer, v3_decode_step
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
@@ -26,24 +26,12 @@ FIXTURE_US = [["TransposeBatchMatMul", 15.0], ["FusedInferAttentionScore", 28.0]
 
 @pytest.fixture(scope="module")
 def v3_decode(a3):
-    from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
-    plan = ParallelPlan(tp=8)
-    pm = EmpiricalPerformanceModel(a3, ProfilingDataSource(FIA_DB, a3, plan),
-                                   fallback_model=build_resolver(a3))
-    request = EstimateRequest(model=V3, device=a3, plan=plan, batch=Batch.decode(4, 2048),
-                              mla_call="tensorcast")
-    return estimate_step(request, CostResolver([pm, *analytic_providers(a3)]))
+    return v3_decode_step(a3, FIA_DB)
 
 
 def test_every_mla_layer_is_a_full_measured_hit(v3_decode):
-    mla = [ct for ct in v3_decode.costed.tasks
-           if ct.task.operator == "tensor_cast.multihead_latent_attention.default"]
-    assert sum(ct.task.count for ct in mla) == 61
-    for ct in mla:
-        est = ct.resolution.estimate
-        assert est.provider == "profiling" and est.statistics["source"] == "MEASURED"
-        assert json.loads(est.statistics["sub_kernel_durations"]) == FIXTURE_US
-        assert est.latency_s == pytest.approx(55.0e-6)
+    measured_per_layer(v3_decode, "tensor_cast.multihead_latent_attention.default",
+                       FIXTURE_US, 55.0e-6)
     collector = MetricsCollector()
     collector.collect_from_costed(v3_decode.costed)
     assert all(r.hit for r in collector.records if "multihead_latent" in r.func_name)

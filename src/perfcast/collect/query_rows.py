@@ -217,7 +217,7 @@ def _decomposed(ds: ProfilingDataSource, op: OpInvokeInfo, m: OperatorMapping, d
         if cand.attention is not None:
             rows.append(attention_row(_kernel_with_csv(ds, cand.kernel_types), cand.attention))
             continue
-        inputs = [(s, cand.dtype) for s in cand.input_shapes]
+        inputs = cand.inputs
         count = cand.tc_input_count if cand.tc_input_count is not None else len(inputs)
         rows.append(compute_row(ds, cand.kernel_types, inputs, count))
     return rows, ""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from perfcast.core.dtypes import dtype_bytes
+from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.kernel_csv import query_dtype
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.profiling.op_mapping import OperatorMapping
@@ -27,7 +28,7 @@ Shape = tuple[int, ...]
 class SubKernelWork:
     """What one sub-kernel computes (for its analytic price when it has no row)."""
 
-    operation: str                       # gemm | mla_attention
+    operation: str                       # gemm | mla_attention | norm
     flops: float
     bytes_read: float
     bytes_written: float
@@ -46,10 +47,17 @@ class SubKernelSpec:
     # the same sub-kernel as other kernels with their own input layout, tried in order
     alternatives: tuple[SubKernelSpec, ...] = ()
     work: SubKernelWork | None = None
+    input_dtypes: tuple[str, ...] = ()  # per input, where they differ (else `dtype` for all)
 
     @property
     def kernel_types(self) -> tuple[str, ...]:
         return (self.kernel_type, *self.alternate_kernel_types)
+
+    @property
+    def inputs(self) -> list[tuple[Shape, str]]:
+        """(shape, canonical dtype) of every input, as the compute path matches them."""
+        return list(zip(self.input_shapes,
+                        self.input_dtypes or (self.dtype,) * len(self.input_shapes)))
 
     @property
     def candidates(self) -> tuple[SubKernelSpec, ...]:
@@ -164,7 +172,87 @@ def decompose_mla_quant(op: OpInvokeInfo, mapping: OperatorMapping) -> list[SubK
     return _mla(op, mapping, (("QuantBatchMatmulV3",),))
 
 
+def _gemm(t: int, n: int, k: int, weight: Shape, dt: str, elem: float) -> SubKernelSpec:
+    """A MatMulV2 of (t, k) activations by a weight stored (n, k), TensorCast's shapes."""
+    return SubKernelSpec("MatMulV2", ((t, k), weight), dt, tc_input_count=2,
+                         work=SubKernelWork("gemm", 2.0 * t * n * k, (t * k + n * k) * elem,
+                                            t * n * elem, (("m", t), ("n", n), ("k", k))))
+
+
+def _norm_work(flops: float, read: float, written: float) -> SubKernelWork:
+    return SubKernelWork("norm", flops, read, written, engine="vector")
+
+
+def _mapping_options(mapping: OperatorMapping, name: str) -> dict:
+    """`decomposer_options.<name>` of a mapping entry ({} when absent)."""
+    opts = mapping.extra.get("decomposer_options") or {}
+    node = opts.get(name) if isinstance(opts, dict) else None
+    if not isinstance(opts, dict) or not isinstance(node, dict | None):
+        raise ConfigError(f"has value {opts!r}",
+                          field=f"operator_mappings.{mapping.name}.decomposer_options",
+                          expected=f"a mapping whose {name} is a mapping")
+    return node or {}
+
+
+def decompose_mlapo(op: OpInvokeInfo, mapping: OperatorMapping) -> list[SubKernelSpec] | None:
+    """TensorCast's `mlapo` (hidden, cos, sin, q_a_proj, q_a norm, q_b_proj, kv_a_proj, kv
+    norm) as vLLM-Ascend runs it, after TensorCast's `_decompose_mlapo_common` (BF16,
+    `_decompose_mlapo`; profiling_data_source.py, msModeling 84fec853):
+
+    1. MatMulV2 hidden (T, h) x fused_qkv_a_proj (q_lora + kv_lora + rope, h);
+    2. RmsNorm (T, q_lora) with its (q_lora,) weight;
+    3. MatMulV2 (T, q_lora) x q_b_proj as passed (H * (nope + rope), q_lora);
+    4. KvRmsNormRopeCache (kv norm + RoPE + the cache write). With the mapping's
+       `decomposer_options.kv_cache_query.mode: pool_dim0_agnostic` its row is matched on
+       kv (T,1,1,kv_lora+rope), gamma (kv_lora,), cos, sin (T,1,1,rope), slots (T,) int64
+       and the two cache pools (P, block_size, 1, rope) and (P, block_size, 1, kv_lora),
+       whose capacity P is not matched (an allocation choice; here the fewest blocks
+       holding the call's tokens); without a mode, on kv (T,1,1,kv_lora+rope) alone.
+
+    A call without q_lora (no q_a_proj) is not decomposed, as in TensorCast."""
+    ins = op.tensor_inputs()
+    if len(ins) != 8:
+        return None
+    hidden, _cos, _sin, q_a, q_a_norm, q_b, kv_a, kv_norm = ins
+    if len(hidden.shape) != 2 or any(len(w.shape) != 2 for w in (q_a, q_b, kv_a)) or \
+            len(q_a_norm.shape) != 1 or len(kv_norm.shape) != 1:
+        return None
+    dt, elem = query_dtype(hidden.dtype), dtype_bytes(hidden.dtype)
+    t, h = hidden.shape
+    q_lora, kv_proj, kv_lora = q_a.shape[0], kv_a.shape[0], kv_norm.shape[0]
+    rope = kv_proj - kv_lora
+    specs = [_gemm(t, q_lora + kv_proj, h, (q_lora + kv_proj, h), dt, elem),
+             SubKernelSpec("RmsNorm", ((t, q_lora), tuple(q_a_norm.shape)), dt,
+                           tc_input_count=2,
+                           work=_norm_work(4.0 * t * q_lora, (t * q_lora + q_lora) * elem,
+                                           t * q_lora * elem)),
+             _gemm(t, q_b.shape[0], q_lora, tuple(q_b.shape), dt, elem)]
+    cache = _mapping_options(mapping, "kv_cache_query")
+    mode = cache.get("mode")
+    kv = (t, 1, 1, kv_proj)
+    work = _norm_work(4.0 * t * kv_lora + 3.0 * t * rope,
+                      (t * kv_proj + kv_lora + 2 * t * rope) * elem + 8 * t,
+                      t * kv_proj * elem)
+    if mode is None:
+        return [*specs, SubKernelSpec("KvRmsNormRopeCache", (kv,), dt, tc_input_count=1,
+                                      work=work)]
+    if mode != "pool_dim0_agnostic":
+        raise ConfigError(f"has value {mode!r}", field=f"operator_mappings.{mapping.name}"
+                          ".decomposer_options.kv_cache_query.mode",
+                          expected="pool_dim0_agnostic (or no mode)")
+    block = cache.get("block_size")
+    if rope <= 0 or isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        return None
+    pool = -(-t // block)
+    rot = (t, 1, 1, rope)
+    return [*specs, SubKernelSpec(
+        "KvRmsNormRopeCache",
+        (kv, (kv_lora,), rot, rot, (t,), (pool, block, 1, rope), (pool, block, 1, kv_lora)),
+        dt, tc_input_count=7, input_dtypes=(dt, dt, dt, dt, "int64", dt, dt), work=work)]
+
+
 COMPOSITE_DECOMPOSERS: dict[str, Decomposer] = {
     "tensor_cast.multihead_latent_attention.default": decompose_mla,
     "tensor_cast.multihead_latent_attention_quant.default": decompose_mla_quant,
+    "tensor_cast.mlapo.default": decompose_mlapo,
 }

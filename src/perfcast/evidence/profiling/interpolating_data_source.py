@@ -346,7 +346,7 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
         if spec.attention is not None:
             cand = self.attention_candidate(spec.kernel_types, spec.attention)
         else:
-            inputs = [(s, spec.dtype) for s in spec.input_shapes]
+            inputs = spec.inputs
             count = spec.tc_input_count if spec.tc_input_count is not None else len(inputs)
             cand = self.compute_candidate(spec.kernel_types, inputs, count)
         return cand if cand is not None else exact

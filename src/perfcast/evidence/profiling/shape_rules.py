@@ -33,6 +33,9 @@ class KernelRule:
     flatten_batch: bool = False      # (B, M, D) may match a CSV (B*M, D)
     merge_last_dims: bool = False    # (T, H, D) may match a CSV (T, H*D)
     normalizer: str = ""             # name in INPUT_NORMALIZERS
+    # inputs from this index on are cache pools whose dim 0 (capacity) is not matched;
+    # those before it match exactly
+    pool_dim0_from: int | None = None
 
 
 _MATMUL = KernelRule(weight_transpose=True)
@@ -52,6 +55,9 @@ KERNEL_RULES: dict[str, KernelRule] = {
     "RmsNorm": KernelRule(flatten_batch=True), "AddRmsNormBias": KernelRule(flatten_batch=True),
     "AddRmsNorm": KernelRule(flatten_batch=True),
     "DispatchFFNCombine": KernelRule(flatten_batch=True),
+    # (kv, gamma, cos, sin, slots, k_rope cache, ckv cache): TensorCast's
+    # `_query_cache_postprocess` (pool_dim0_agnostic)
+    "KvRmsNormRopeCache": KernelRule(pool_dim0_from=5),
 }
 DEFAULT_RULE = KernelRule()
 
@@ -186,12 +192,15 @@ def _dtype_ok(rule: KernelRule, want: str, have: str | None) -> bool:
 # rule precedence when several inputs match by different rules: the most specific wins
 _RANK = {"identity": 0, "batch_strip": 1, "padding": 2, "batch_strip+padding": 3,
          "transpose": 4, "flatten_3d": 5, "flatten_3d+padding": 6, "merge_last_dims": 7,
-         "merge_last_dims+padding": 8}
+         "merge_last_dims+padding": 8, "cache_pool_dim0_agnostic": 9}
 
 
 def _one_input(rule: KernelRule, i: int, tc: Shape, csv_shape: Shape) -> str | None:
     if tc == csv_shape:
         return "identity"
+    if rule.pool_dim0_from is not None:
+        same = i >= rule.pool_dim0_from and len(tc) == len(csv_shape) and tc[1:] == csv_shape[1:]
+        return "cache_pool_dim0_agnostic" if same else None
     tc_s, csv_s = strip_batch_dim(tc), strip_batch_dim(csv_shape)
     if tc_s == csv_s or tc_s == csv_shape:
         return "batch_strip"

@@ -104,7 +104,7 @@ SubQuery = Callable[[object], "Candidate | LookupMiss"]
 def _query_layout(ctx: LookupContext, spec) -> Candidate | LookupMiss:
     if spec.attention is not None:
         return query_attention(ctx, spec.kernel_types, spec.attention)
-    inputs = [(s, spec.dtype) for s in spec.input_shapes]
+    inputs = spec.inputs
     count = spec.tc_input_count if spec.tc_input_count is not None else len(inputs)
     return find_compute_match(ctx, spec.kernel_types, inputs, count)
 
