@@ -60,6 +60,14 @@ rule TensorCast applies to that call:
   AddRmsNormBias `bias` (h,) ("4 inputs (extra NPU-internal param)"),
   QuantBatchMatmulV3 two (N,) scales ("NPU CSV has (x, weight_NZ, scale, scale)"),
   AscendQuantV2 (h,) scale and offset ("with internal scale/offset inputs").
+* R8 `query_mode: moe_fused` with `project_full_shape` (DispatchFFNCombine): one row
+  with TensorCast's `_project_dispatch_ffn_combine_inputs` of the call: x (3-D x
+  flattened to 2-D), the gate-up weight list stacked as (E, h, 2I) and the down weight
+  list as (E, I, h) (`_stacked_expert_weight_shape`: E = the list's length, the hidden
+  size h = x's last dim put on axis 1 for gate-up and on the last axis for down), the
+  expert indices as INT32, INT64 workspaces (E*2I,) and (E*h,), FLOAT probabilities
+  shaped like the indices; and `EP Size` = the run's `--ep-size` (`_lookup_moe`
+  matches it exactly when the CSV has the column).
 * R7 a call the mapping's notes say has no NPU kernel gets no row: `aten.index.Tensor` on
   the (40960, 128) RoPE cos/sin table ("Qwen3 (40960,128) remains an ordinary MISS
   because NPU has no corresponding Index kernel").
@@ -94,6 +102,7 @@ VERSION = "0.18.0"
 COLUMNS = ["Input Shapes", "Input Data Types", "Input Formats", "Output Shapes",
            "Output Data Types", "Output Formats", "Average Duration(us)"]
 FIA_COLUMNS = COLUMNS + ["avg_seq_len"]
+MOE_COLUMNS = COLUMNS + ["EP Size"]
 COMM_COLUMNS = ["message_bytes", "num_devices", "topology_tier", "Duration(us)"]
 KERNEL_US, COMM_US = 10.0, 20.0
 
@@ -140,7 +149,8 @@ def run_flags(args: list[str]) -> dict:
     def value(flag, default):
         return int(args[args.index(flag) + 1]) if flag in args else default
     return {"tp": value("--tp-size", 1), "query_length": value("--query-length", 1),
-            "context_length": value("--context-length", 0), "decode": "--decode" in args}
+            "context_length": value("--context-length", 0), "decode": "--decode" in args,
+            "ep": value("--ep-size", 1)}
 
 
 def tensors(call: dict) -> list[tuple[tuple, str]]:
@@ -158,6 +168,22 @@ def fractal_nz(kn: tuple, dtype: str) -> tuple:
     if dtype == "int8":
         return (n // 32, k // 16, 16, 32)
     return (k // 16, n // 16, 16, 16)
+
+
+def project_dfc(call: dict) -> list[tuple[tuple, str]]:
+    """R8: TensorCast's `_project_dispatch_ffn_combine_inputs` of a DFC call (weights:
+    list argument 2 gate-up, 4 down for the bf16 op, 7 down for the quantised ones)."""
+    (x, xdt), (idx, _) = [(tuple(s), d) for s, d in call["inputs"][:2]]
+    x = x if len(x) == 2 else (x[0] * x[1], x[2])
+    h = x[-1]
+    lists = call["list_inputs"]
+    down = "4" if call["op"].endswith("dispatch_ffn_combine.default") else "7"
+    g1, g2 = lists["2"], lists[down]
+    e, w1, w2 = len(g1), tuple(g1[0][0]), tuple(g2[0][0])
+    gmm1 = (e, *w1) if w1[0] == h else (e, w1[1], w1[0])   # hidden on axis 1
+    gmm2 = (e, *w2) if w2[1] == h else (e, w2[1], w2[0])   # hidden on the last axis
+    return [(x, xdt), (gmm1, g1[0][1]), (gmm2, g2[0][1]), (idx, "int32"),
+            ((e * gmm1[-1],), "int64"), ((e * h,), "int64"), (idx, "float32")]
 
 
 def cell(shapes) -> str:
@@ -266,6 +292,14 @@ def rows_for_call(call: dict, mappings: dict, flags: dict):
                "Runtime avg_seq_len": avg, "Runtime sparse_mode": 3,
                "Runtime num_key_value_heads": k[-2], "Runtime input_layout": "TND"}
         return [(m["kernel_type"], False, row)]
+    if m.get("query_mode") == "moe_fused" and m.get("project_full_shape"):   # R8
+        ins = project_dfc(call)
+        row = {"Input Shapes": cell(s for s, _ in ins),
+               "Input Data Types": ";".join(DTYPE_MAP[t] for _, t in ins),
+               "Input Formats": ";".join("ND" for _ in ins),
+               **outputs_cell(outs), "Average Duration(us)": KERNEL_US,
+               "EP Size": flags["ep"]}
+        return [(m["kernel_type"], False, row)]
     if m.get("query_mode") == "elementwise":                                  # R3
         row = {"Input Shapes": cell(strip(s) for s, _ in ins),
                "Input Data Types": ";".join(DTYPE_MAP[t] for _, t in ins),
@@ -298,7 +332,7 @@ def row_key(row: dict) -> tuple:
     """What TensorCast matches a row on: its inputs (compute), message size and group
     (communication)."""
     keys = ("Input Shapes", "Input Data Types", "Input Formats", "message_bytes",
-            "num_devices", "topology_tier")
+            "num_devices", "topology_tier", "EP Size")
     return (*(row.get(k) for k in keys), row.get("avg_seq_len") or row.get("Runtime avg_seq_len"))
 
 
@@ -347,6 +381,6 @@ def write_database(case: str | Path, root: Path, mapping_file: Path = REAL_MAPPI
     shutil.copyfile(mapping_file, db / "op_mapping.yaml")
     for (kernel, is_comm), rows in database_rows(case, mapping_file).items():
         columns = COMM_COLUMNS if is_comm else FIA_COLUMNS if "avg_seq_len" in rows[0] \
-            else COLUMNS
+            else MOE_COLUMNS if "EP Size" in rows[0] else COLUMNS
         write_rows((comm if is_comm else db) / f"{kernel}.csv", rows, columns)
     return db

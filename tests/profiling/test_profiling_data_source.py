@@ -260,7 +260,10 @@ def test_elementwise_without_output_falls_back_to_compute(ds):
 
 # -- MoE fused ---------------------------------------------------------------------------
 def test_moe_fused_matches_ep_size(a3):
-    dfc = op("tensor_cast.dispatch_ffn_combine.default", [((16, 7168), BF), ((16, 8), "int32")])
+    # (x, expert_indices) projected to the kernel's seven inputs (project_full_shape) from
+    # the task's gate-up GEMM axes: 16 local experts, hidden 7168, 2 x 2048 gate-up
+    dfc = op("tensor_cast.dispatch_ffn_combine.default", [((16, 7168), BF), ((16, 8), "int64")],
+             groups=16, k=7168, n=4096)
     assert hit(ProfilingDataSource(DB, a3, ParallelPlan(ep=16)).lookup(dfc)).latency_us == 950.0
     r = hit(ProfilingDataSource(DB, a3, ParallelPlan(ep=8)).lookup(dfc))
     assert (r.latency_us, r.details["ep_size"]) == (700.0, 8)

@@ -24,11 +24,19 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ["qwen3_8b_decode_tp1", "qwen3_8b_prefill_tp1", "qwen3_32b_decode_tp4",
          "qwen3_8b_decode_w8a8",
          # vLLM-Ascend's MC2 fusion (matmul + all-reduce as one composite call)
-         "qwen3_32b_decode_tp4_mc2", "qwen3_8b_decode_w8a8_tp4_mc2"]
+         "qwen3_32b_decode_tp4_mc2", "qwen3_8b_decode_w8a8_tp4_mc2",
+         # vLLM-Ascend's DispatchFFNCombine (routed experts as one fused call)
+         "qwen3_30b_a3b_decode_ep_fused"]
 # operators a case may still miss, with the first input of the missed call; documented
 # in docs/profiling.md ("A database of TensorCast's own calls"): the RoPE tables' gathers,
-# for which the mapping says the NPU runs no Index kernel (rule R7 of the generator)
-DOCUMENTED_MISSES = {"aten.index.Tensor": (40960, 128)}
+# for which the mapping says the NPU runs no Index kernel (rule R7 of the generator), and
+# the max and exp of the MoE router's softmax (decomposed by TensorCast's compile), which
+# the real mapping does not list
+DOCUMENTED_MISSES = {"aten.index.Tensor": (40960, 128), "aten.amax.default": (2, 128),
+                     "aten.exp.default": (2, 128)}
+# (M1, M5) floors: 98% / 99%, except where documented misses weigh more (the MoE case:
+# 96 router max/exp calls of 1,206 are unmapped in the real mapping)
+FLOORS = {"qwen3_30b_a3b_decode_ep_fused": (0.91, 0.95)}
 
 
 def _fidelity():
@@ -56,11 +64,12 @@ def test_tensorcast_step_hits_its_own_kernel_rows(case, tmp_path):
     db = write_database(case, tmp_path)
     run = estimate(case, db)
     m = run.metrics
-    assert m["m1"]["m1_raw_op_count_hr"] >= 0.98 and m["m5"]["m5_simulated_latency_coverage"] \
-        >= 0.99, (m["m1"], m["m5"])
+    m1, m5 = FLOORS.get(case, (0.98, 0.99))
+    assert m["m1"]["m1_raw_op_count_hr"] >= m1 and m["m5"]["m5_simulated_latency_coverage"] \
+        >= m5, (m["m1"], m["m5"])
     for r in m["misses"]:
         assert tuple(r["tc_shapes"][0]) == DOCUMENTED_MISSES.get(r["func_name"]), r
-        assert r["reason"] in ("csv_not_found", "shape_mismatch"), r
+        assert r["reason"] in ("csv_not_found", "shape_mismatch", "unmapped"), r
     # every row of the database answers some call: nothing in it is unreachable
     used = {rid for ct in run.results["profiling"].costed.tasks
             for rid in ct.resolution.estimate.raw_record_ids}

@@ -33,7 +33,12 @@ from perfcast.evidence.profiling.query_paths.attention import AttentionParams, p
 from perfcast.evidence.profiling.query_paths.communication import hccl_message_bytes
 from perfcast.evidence.profiling.query_paths.composite import mc2_message_bytes
 from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
-from perfcast.evidence.profiling.query_paths.moe import EP_COLUMN
+from perfcast.evidence.profiling.query_paths.moe import (
+    EP_COLUMN,
+    embedded_compute_query,
+    project_dfc_inputs,
+    routed_message_bytes,
+)
 from perfcast.evidence.profiling.shape_rules import (
     DEFAULT_RULE,
     INPUT_NORMALIZERS,
@@ -239,10 +244,19 @@ def kernel_rows(ds: ProfilingDataSource, op: OpInvokeInfo) -> tuple[list[RowSpec
         rows = [compute_row(ds, compute, _tensors(op, m.tc_input_count), m.tc_input_count,
                             _formats(op, len(op.tensor_inputs())), _outputs(op))]
         n = int(op.dim("participants", 0) or 0)
+        variant = m.runtime_comm_variants.get("sequence_parallel") \
+            if ds.sequence_parallel else None
         for kt in (k for k in m.sub_kernels if k.startswith(COMM_PREFIX)):
             if n < 1:
                 return [], "invalid_args"
-            rows.append(comm_row(ds, kt, mc2_message_bytes(op), n, str(op.dim("tier", "") or "")))
+            mb = mc2_message_bytes(op)
+            if variant is not None and kt == variant["source_kernel_type"]:
+                kt = variant["kernel_type"]
+                if variant.get("message_bytes_mode") == "per_rank_output":
+                    if n < 2 or mb % n:
+                        return [], "invalid_args"
+                    mb //= n
+            rows.append(comm_row(ds, kt, mb, n, str(op.dim("tier", "") or "")))
         return rows, ""
     if m.category == "communication":
         n = int(op.dim("participants", 0) or 0)
@@ -269,9 +283,7 @@ def kernel_rows(ds: ProfilingDataSource, op: OpInvokeInfo) -> tuple[list[RowSpec
             ins = [(s, d, f) for (s, d), f in zip(_tensors(op), _formats(op, len(op.tensor_inputs())))]
             return [RowSpec(m.kernel_type, tuple(ins), out, mode="elementwise")], ""
         if m.query_mode == "moe_fused":
-            return [compute_row(ds, [m.kernel_type], _tensors(op, m.tc_input_count),
-                                m.tc_input_count, _formats(op, len(op.tensor_inputs())),
-                                _outputs(op), ((EP_COLUMN, str(ds.ep_size or 1)),))], ""
+            return _moe_rows(ds, op, m)
     if m.zero_cost:
         return [], "zero_cost"
     if m.accepted_miss:
@@ -282,6 +294,37 @@ def kernel_rows(ds: ProfilingDataSource, op: OpInvokeInfo) -> tuple[list[RowSpec
                         m.tc_input_count, _formats(op, len(op.tensor_inputs())),
                         _outputs(op))], ""
 
+
+
+def _moe_rows(ds: ProfilingDataSource, op: OpInvokeInfo, m: OperatorMapping
+              ) -> tuple[list[RowSpec], str]:
+    """The fused MoE kernel's row (its `project_full_shape` inputs when set), then the
+    rows of its `embedded_compute` kernels and `embedded_communication` collective."""
+    count, inputs = m.tc_input_count, _tensors(op, m.tc_input_count)
+    if m.project_full_shape:
+        inputs, count = project_dfc_inputs(op), None
+        if isinstance(inputs, str):
+            return [], "invalid_args"
+    rows = [compute_row(ds, [m.kernel_type], inputs, count,
+                        () if m.project_full_shape else _formats(op, len(inputs)),
+                        _outputs(op), ((EP_COLUMN, str(ds.ep_size or 1)),))]
+    if (m.embedded_compute or m.embedded_communication) and len(op.tensor_inputs()) < 2:
+        return [], "invalid_args"
+    for spec in m.embedded_compute:
+        query = embedded_compute_query(op, spec)
+        if isinstance(query, LookupMiss):
+            return [], query.reason
+        ins, n, out = query
+        rows.append(compute_row(ds, [spec["kernel_type"]], ins, n,
+                                outputs=(out,) if out is not None else ()))
+    spec = m.embedded_communication
+    if spec is not None:
+        n = int(op.dim("participants", 0) or 0)
+        if n < 1:
+            return [], "invalid_args"
+        rows.append(comm_row(ds, spec["kernel_type"], routed_message_bytes(op), n,
+                             str(op.dim("tier", "") or "")))
+    return rows, ""
 
 
 def _kernel_row(spec: RowSpec) -> KernelRow:

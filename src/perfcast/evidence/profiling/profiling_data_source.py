@@ -48,7 +48,8 @@ class ProfilingDataSource(DataSourcePerformanceModel):
     * `device`: a `System`; its `comm_grid` resolves `topology_tier` for communication
       rows (without one, rows are not filtered by tier);
     * `parallel_config`: a `ParallelPlan`; its `ep` is the EP size of MoE-fused rows
-      (without one, CSVs keyed by `EP Size` miss with `ep_size_not_configured`);
+      (without one, CSVs keyed by `EP Size` miss with `ep_size_not_configured`), its
+      `sp` selects the sequence-parallel comm variant of MC2 composites;
     * `decomposers`: overrides/extends `COMPOSITE_DECOMPOSERS`;
     * `lookup_device`: the device whose rows answer (default: `device`'s name, else the
       mapping's `device`); rows replayed on another device are not used.
@@ -73,6 +74,8 @@ class ProfilingDataSource(DataSourcePerformanceModel):
         self.tables = KernelTables(self.data_dir, comm_dir, self.lookup_device)
         self.comm_grid = getattr(device, "comm_grid", None)
         self.ep_size: int | None = parallel_config.ep if parallel_config is not None else None
+        # MC2 composites use their `runtime_comm_variants.sequence_parallel` collective
+        self.sequence_parallel = bool(getattr(parallel_config, "sp", False))
         self.decomposers: dict[str, Decomposer] = {**COMPOSITE_DECOMPOSERS, **(decomposers or {})}
         self._identity = ""
 
@@ -111,6 +114,7 @@ class ProfilingDataSource(DataSourcePerformanceModel):
                         "tiers": {str(k): v for k, v in self.comm_grid.tiers.items()}}
             self._identity = content_digest("perfcast.ProfilingDataSource", {
                 "files": files, "comm_grid": grid, "ep_size": self.ep_size,
+                **({"sequence_parallel": True} if self.sequence_parallel else {}),
                 "device": self.lookup_device,
                 "decomposers": sorted(self.decomposers)})
         return self._identity

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.data_source import LookupMiss, ShapeMatchInfo
-from perfcast.evidence.profiling.kernel_csv import KernelRow, KernelTable, KernelTables, query_dtype
+from perfcast.evidence.profiling.kernel_csv import (
+    PROFILED_LATENCY,
+    KernelRow,
+    KernelTable,
+    KernelTables,
+    query_dtype,
+)
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
-from perfcast.evidence.profiling.op_mapping import OperatorMapping
+from perfcast.evidence.profiling.op_mapping import OpMapping, OperatorMapping
+
+# the Ascend profiler's per-core busy times of a row (TensorCast's
+# `_PROFILING_AICORE_TIME_COL`, `_PROFILING_AIV_TIME_COL`) and its core type column
+AICORE_TIME, AIV_TIME, CORE_COLUMN = ("Profiling Average aicore_time(us)",
+                                      "Profiling Average aiv_time(us)", "Accelerator Core")
 
 Shape = tuple[int, ...]
 
@@ -20,6 +31,7 @@ class LookupContext(Protocol):
 
     tables: KernelTables
     ep_size: int | None
+    mapping: OpMapping
 
     def topology_tier(self, participants: int, tier_name: str = "") -> int | None: ...
 
@@ -45,6 +57,32 @@ class Candidate:
 Checker = Callable[[KernelTable, KernelRow], Candidate | None]
 
 
+def profiled(table: KernelTable, row: KernelRow) -> bool:
+    """Whether `row`'s latency is the profiler's duration (its table's latency column, or
+    the profiled cell a row replayed on another device falls back to)."""
+    return table.latency_column == PROFILED_LATENCY or (
+        table.has(PROFILED_LATENCY) and row.number(table.latency_column) != row.latency_us)
+
+
+def core_envelope(cand: Candidate, ratio: float) -> Candidate:
+    """`latency_policy` `profiling_core_envelope_fallback`: a MIX_AIC row whose profiled
+    duration exceeds `ratio` x its busier core's time (a host or profiler scheduling
+    outlier) is priced at that core time (TensorCast's `_effective_row_latency`)."""
+    row, table = cand.row, cand.table
+    if not profiled(table, row) or row.text(CORE_COLUMN) != "MIX_AIC":
+        return cand
+    cores = [row.number(AICORE_TIME), row.number(AIV_TIME)]
+    if not all(c is not None and c > 0 for c in cores):
+        return cand
+    envelope = max(cores)
+    if cand.latency_us / envelope <= ratio:
+        return cand
+    return replace(cand, latency_us=envelope, details={
+        **cand.details, "latency_selection": "profiling_core_envelope_fallback",
+        "raw_latency_us": cand.latency_us, "core_envelope_us": envelope,
+        "max_duration_to_core_ratio": ratio})
+
+
 def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Checker, *,
                    nearest: bool = False, communication: bool = False,
                    rows: Callable[[KernelTable], Sequence[KernelRow]] | None = None
@@ -53,25 +91,52 @@ def find_candidate(ctx: LookupContext, kernel_types: Sequence[str], checker: Che
     row at distance 0 (an exact rule), else its nearest; with `nearest`, the nearest row
     over all kernels. `rows(table)`: the rows of a table that can match (default all).
 
+    The mapping's kernel policies apply: `latency_policy` `profiling_core_envelope_fallback`
+    to every matching row's latency, and with `nearest` `prefer_profiling_rows` (rows
+    priced by the profiled duration win a tie in distance) and `query_selection_policy`
+    `require_semantic_unique` (equally near rows with different latencies miss with
+    `ambiguous_semantic_match:<kernel>`), as TensorCast's `_find_candidates`.
+
     Misses with `csv_not_found` when none of the kernels has a CSV, else `shape_mismatch`
     (callers refine the reason)."""
+    mapping = getattr(ctx, "mapping", None)
+    lat_policy = mapping.latency_overrides if mapping is not None else {}
+    sel_policy = mapping.selection_overrides if mapping is not None else {}
     best: Candidate | None = None
+    best_score: tuple = ()
+    ties: list[Candidate] = []
     loaded = False
-    for kt in kernel_types:
+    for ki, kt in enumerate(kernel_types):
         table = ctx.tables.get(kt, communication)
         if table is None:
             continue
         loaded = True
+        policy = lat_policy.get(kt, {})
+        envelope = policy.get("profiling_core_envelope_fallback", {}).get(
+            "max_duration_to_core_ratio")
+        prefer = bool(policy.get("prefer_profiling_rows"))
         for row in (rows(table) if rows is not None else table.rows):
             cand = checker(table, row)
             if cand is None:
                 continue
-            if best is None or cand.distance < best.distance:
-                best = cand
+            if envelope is not None:
+                cand = core_envelope(cand, float(envelope))
+            score = (cand.distance, ki, 0 if not prefer or profiled(table, row) else 1)
+            if best is None or score < best_score:
+                best, best_score, ties = cand, score, [cand]
+            elif nearest and score == best_score:
+                ties.append(cand)
             if not nearest and best.distance == 0:
                 return best
         if not nearest and best is not None:
             return best
+    if best is not None and len(ties) > 1 and \
+            sel_policy.get(best.kernel_type, {}).get("require_semantic_unique") and \
+            len({round(c.latency_us, 12) for c in ties}) > 1:
+        return LookupMiss(f"ambiguous_semantic_match:{best.kernel_type}",
+                          f"{len(ties)} equally near rows of {best.kernel_type} with "
+                          "different latencies (query_selection_policy "
+                          "require_semantic_unique)")
     if best is not None:
         return best
     if not loaded:

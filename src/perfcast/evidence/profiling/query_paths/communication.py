@@ -3,7 +3,8 @@ when the CSV has the column and the device declares a rank grid, `topology_tier`
 
 An exact row is MEASURED. Otherwise, when measured sizes bracket the query (same
 device count and tier), an alpha-beta line (latency = a + b * bytes) fitted by least
-squares to every row of that group gives the latency, clamped to the bracketing rows:
+squares to every row of that group (or, with `method="bracket_linear"`, the straight
+line between the two bracketing rows) gives the latency, clamped to the bracketing rows:
 INTERPOLATED, its `rel_std` measured by holding each interior row out of the fit
 (`residuals.alpha_beta_details`). Outside the measured range it misses; it never
 extrapolates.
@@ -45,7 +46,7 @@ def hccl_message_bytes(op: OpInvokeInfo) -> int:
 
 
 def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
-                   num_devices: int, topology_tier: int | None
+                   num_devices: int, topology_tier: int | None, method: str = "alpha_beta"
                    ) -> tuple[float, bool, list[str], dict] | LookupMiss:
     """(latency_us, interpolated, record ids, uncertainty details) or a miss."""
     table = ctx.tables.get(kernel_type, communication=True)
@@ -74,8 +75,12 @@ def query_comm_csv(ctx: LookupContext, kernel_type: str, message_bytes: int,
                           f"[{int(sizes.min())}, {int(sizes.max())}] for {where}")
     lo, hi = below.max(), above.min()
     lat_lo, lat_hi = lats[sizes == lo][0], lats[sizes == hi][0]
-    a, b = np.linalg.lstsq(np.column_stack([np.ones_like(sizes), sizes]), lats, rcond=None)[0]
-    value = float(a + b * message_bytes)
+    if method == "bracket_linear":
+        value = float(lat_lo + (message_bytes - lo) / (hi - lo) * (lat_hi - lat_lo))
+    else:
+        a, b = np.linalg.lstsq(np.column_stack([np.ones_like(sizes), sizes]), lats,
+                               rcond=None)[0]
+        value = float(a + b * message_bytes)
     value = min(max(value, min(lat_lo, lat_hi)), max(lat_lo, lat_hi))
     ids = [table.record_id(r) for r in group if r.number("message_bytes") in (lo, hi)]
     key = (table.sha256, kernel_type, num_devices, topology_tier if use_tier else None)

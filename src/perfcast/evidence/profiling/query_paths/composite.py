@@ -2,7 +2,12 @@
 
 * Static (`sub_kernels`, MC2-style): the non-communication entries are alternative
   compute kernels (the first that matches is used); `hcom_*` entries are communication
-  kernels whose latency is added, with the message size of the matmul output.
+  kernels whose latency is added, with the message size of the matmul output. Under
+  sequence parallelism (the plan's `sp`) the entry's `runtime_comm_variants.
+  sequence_parallel` replaces its `source_kernel_type` collective (MC2 lowers the
+  all-reduce to a reduce-scatter: `per_rank_output` = the output bytes / the group
+  size, `interpolation_method` between measured sizes), as TensorCast's
+  `_lookup_composite` does when `enable_sequence_parallel` is on.
 * Decomposed (a registered decomposer): every sub-kernel is queried (each of its
   candidate kernels with its own input layout, in order); all hit -> MEASURED, some hit
   -> PARTIAL (latency of the hits; `details["missed_specs"]` are the sub-kernels without
@@ -73,12 +78,22 @@ def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: Opera
     ids = [hit.record_id]
     parts = [(hit.latency_us, measured_details(hit.row))]
     comm = [k for k in mapping.sub_kernels if k.startswith(COMM_PREFIX)]
+    variant = mapping.runtime_comm_variants.get("sequence_parallel") \
+        if getattr(ctx, "sequence_parallel", False) else None
     for kt in comm:
         n = int(op.dim("participants", 0) or 0)
         if n < 1:
             return LookupMiss("invalid_args", f"{mapping.name} has no participants for {kt}")
-        mb = mc2_message_bytes(op)
-        found = query_comm_csv(ctx, kt, mb, n, ctx.topology_tier(n, str(op.dim("tier", "") or "")))
+        mb, method = mc2_message_bytes(op), "alpha_beta"
+        if variant is not None and kt == variant["source_kernel_type"]:
+            kt, method = variant["kernel_type"], variant.get("interpolation_method", method)
+            if variant.get("message_bytes_mode") == "per_rank_output":
+                if n < 2 or mb % n:
+                    return LookupMiss("invalid_args", f"{mapping.name}: per_rank_output of "
+                                      f"{mb} bytes over {n} ranks")
+                mb //= n
+        found = query_comm_csv(ctx, kt, mb, n, ctx.topology_tier(n, str(op.dim("tier", "") or "")),
+                               method=method)
         if isinstance(found, LookupMiss):
             return LookupMiss("comm_sub_kernel_miss", f"{kt}: {found}",
                               ShapeMatchInfo(sim, (), "comm_sub_kernel_miss"))
