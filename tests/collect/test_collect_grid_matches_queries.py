@@ -142,10 +142,13 @@ def test_grid_rows_carry_the_query_paths_keys(database):
     assert [r["Input Shapes"] for r in bmm] == ["8,4,128;8,128,512"]
     tbmm = read_table(database / "TransposeBatchMatMul.csv").rows  # out @ W_UV token-first
     assert [r["Input Shapes"] for r in tbmm] == ["4,8,512;8,512,128"]
-    # TensorCast's grouped matmuls take tensor lists, which its input table (and so the
-    # call) leaves out: any row answers them, so the grid writes one, without inputs
-    gmm = read_table(database / "GroupedMatmul.csv").rows
-    assert [(r["Input Shapes"], r["Output Shapes"]) for r in gmm] == [("", "128,2048")]
+    # TensorCast's grouped matmuls take tensor lists (per expert that receives rows: its
+    # rows, then its weight), flattened into the lookup's inputs as TensorCast does: 8 of
+    # rank 0's 16 experts get 16 rows each (4 x 8 routed rows split from expert 0)
+    gmm = {(r["Input Shapes"], r["Output Shapes"])
+           for r in read_table(database / "GroupedMatmul.csv").rows}
+    assert gmm == {(";".join(["16,7168"] * 8 + ["7168,4096"] * 8), "128,2048"),
+                   (";".join(["16,2048"] * 8 + ["2048,7168"] * 8), "128,7168")}
     a2a = read_table((database / "../../hccl/v8.5/hcom_alltoallv_.csv").resolve()).rows
     assert a2a and {r["num_devices"] for r in a2a} == {"16"}
 

@@ -107,7 +107,7 @@ def test_metrics_from_a_costed_step(a3, ds):
     assert m1["m1_total"] == sum(ct.task.count for ct in r.costed.tasks)
     assert m1["m1_miss"] == 2 and c.m5()["m5_simulated_latency_coverage"] > 0.999
     assert {(rr.func_name, rr.tc_shapes, rr.reason.split(" (")[0]) for rr in c.records
-            if not rr.hit} == {("aten.index.Tensor", ((40960, 128),), "shape_mismatch")}
+            if not rr.hit} == {("aten.index.Tensor", ((40960, 128), (8,)), "shape_mismatch")}
     assert {rr.kernel_type for rr in c.records if rr.hit} == {
         "GatherV2", "RmsNorm", "MatMulV2", "_triton_rope", "ReshapeAndCacheNdKernel",
         "FusedInferAttentionScore", "AddRmsNormBias", "SwiGlu", "Add"}

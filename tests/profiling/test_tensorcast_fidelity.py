@@ -121,8 +121,10 @@ def test_fixture_is_a_whole_tensorcast_run(case):
     assert flops == doc["totals"]["flops_per_device"]
 
 
+@pytest.mark.parametrize("inputs", ["table", "all"])
 @pytest.mark.parametrize("case", CASES)
-def test_match_fraction_does_not_regress(case):
-    rec = fid.compare(fid.load_fixture(FIXTURES / f"{case}.json"))
+def test_match_fraction_does_not_regress(case, inputs):
+    # "all": the tensors of list arguments too (indices, per-expert rows and weights)
+    rec = fid.compare(fid.load_fixture(FIXTURES / f"{case}.json"), inputs=inputs)
     assert rec["matched"] <= rec["tensorcast_calls"]
     assert rec["fraction"] >= FLOORS[case], (rec["fraction"], rec["unmatched"][:3])

@@ -70,7 +70,11 @@ def test_dispatch_ffn_combine_on_an_expert_parallel_decode():
     assert len(parts) == 8
     t = by_group(fused, "moe.experts")
     assert t.operator == "tensor_cast.dispatch_ffn_combine.default"
-    assert [list(x.shape) for x in t.inputs] == [[t_slice, h], [t_slice, k]]  # x, indices
+    # x, indices, then (list arguments, as TensorCast's dump shows) the weights of the 16
+    # experts that receive rows: gate/up, then down
+    assert [list(x.shape) for x in t.inputs] == (
+        [[t_slice, h], [t_slice, k]] + [[h, 2 * inter]] * 16 + [[inter, h]] * 16)
+    assert t.attributes["list_inputs"] == 2
     assert [list(x.shape) for x in t.outputs] == [[t_slice, k, h]]
     gemm = 2.0 * rows * h * 2 * inter + 5.0 * rows * inter + 2.0 * rows * inter * h
     assert t.work.flops == sum(p.work.flops for p in parts) == gemm

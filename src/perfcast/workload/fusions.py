@@ -62,6 +62,9 @@ class FusionPattern:
     # parts the compiled graph may lack (TensorCast's regroup copy when every local expert
     # receives rows); the pattern also matches without them
     optional_parts: frozenset[int] = frozenset()
+    # parts whose weight lists (inputs from their `weight_list_from` attribute on) the
+    # fused call receives after the `inputs_from` part's inputs, as list arguments
+    weights_from: tuple[int, ...] = ()
 
     def variants(self) -> tuple[FusionPattern, ...]:
         """The pattern, then (if it has optional parts) the pattern without them."""
@@ -71,6 +74,7 @@ class FusionPattern:
         shorter = replace(self, parts=tuple(self.parts[k] for k in keep),
                           key_part=keep.index(self.key_part),
                           inputs_from=keep.index(self.inputs_from),
+                          weights_from=tuple(keep.index(k) for k in self.weights_from),
                           optional_parts=frozenset())
         return (self, shorter)
 
@@ -123,7 +127,7 @@ PATTERNS: dict[str, FusionPattern] = {p.name: p for p in (
                _ops("aten.cat.default"), _ops("tensor_cast.all_to_all.default"),
                _ops("tensor_cast.unpermute_tokens.default")),
         key_part=3, fused=_DFC_GATE_UP, operation="moe_fused", group="moe.experts",
-        comm_combine="serial", optional_parts=frozenset({2}),
+        comm_combine="serial", optional_parts=frozenset({2}), weights_from=(3, 4),
         source="tensor_cast/compilation/freezing_passes/dispatch_ffn_combine_pass.py; "
                "priced max(compute, memory) + 2 all_to_all by _estimate_dfc_common "
                "(tensor_cast/performance_model/__init__.py)"),
@@ -224,6 +228,17 @@ def fuse(run: Sequence[Task], p: FusionPattern) -> Task:
             attrs[k] = sum(vals)
     attrs["fusion"] = p.name
     attrs["fused_from"] = "+".join(t.operator for t in run)
+    # the fused call takes the inputs of part `inputs_from`, so its list arguments too
+    attrs.pop("list_inputs", None)
+    attrs.pop("weight_list_from", None)
+    inputs = run[p.inputs_from].inputs
+    if "list_inputs" in run[p.inputs_from].attributes:
+        attrs["list_inputs"] = run[p.inputs_from].attributes["list_inputs"]
+    if p.weights_from:
+        attrs["list_inputs"] = len(inputs)
+        for k in p.weights_from:
+            part = run[k]
+            inputs += part.inputs[int(part.attributes.get("weight_list_from", len(part.inputs))):]
     if comms:
         axes.update(message_bytes=int(message), participants=participants.pop())
         for t in comms:
@@ -242,7 +257,7 @@ def fuse(run: Sequence[Task], p: FusionPattern) -> Task:
     return replace(
         key, lineage=prefix + group, group=group, operator=p.fused[key.operator],
         operation=p.operation or key.operation, kind=TaskKind.COMPUTE,
-        inputs=run[p.inputs_from].inputs, outputs=run[-1].outputs, deps=deps,
+        inputs=inputs, outputs=run[-1].outputs, deps=deps,
         work=Work(flops=flops, engine=key.work.engine, compute_dtype=key.work.compute_dtype,
                   bytes_read=read, bytes_written=written, message_bytes=float(message),
                   participants=int(axes.get("participants", 0)) if comms else 0,

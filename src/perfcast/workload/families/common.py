@@ -130,7 +130,8 @@ def rope_tables(b: GraphBuilder, stage: int, rotary_dim: int) -> tuple[str, ...]
     ids = TensorSpec((tokens,), "int64")
     out = tuple(b.elementwise(
         f"rope.{name}_gather", "aten.index.Tensor", "table_gather", inputs=(rows, ids),
-        outputs=(rows,), flops=0, stage=stage, signature=((table,), (rows,)))
+        outputs=(rows,), flops=0, stage=stage, signature=((table, ids), (rows,)),
+        extra={"list_inputs": 1})
         for name in ("cos", "sin"))
     b.step_tasks[key] = out
     return out
@@ -230,8 +231,9 @@ def lm_head_logits(b: GraphBuilder, prefix: str, tokens: int, logits_tokens: int
         norm = b.elementwise(
             prefix + "logits_gather", "aten.index.Tensor", "gather",
             inputs=(picked, TensorSpec((logits_tokens,), "int64")), outputs=(picked,), flops=0,
-            deps=(norm,), stage=stage,
-            signature=((TensorSpec((1, tokens, m.hidden_size), act),),
+            deps=(norm,), stage=stage, extra={"list_inputs": 1},
+            signature=((TensorSpec((1, tokens, m.hidden_size), act),
+                        TensorSpec((logits_tokens,), "int64")),
                        (TensorSpec((1, logits_tokens, m.hidden_size), act),)))
     local_vocab = -(-m.vocab_size // tp)
     head = b.gemm(prefix + "lm_head", logits_tokens, local_vocab, m.hidden_size, deps=(norm,),

@@ -33,6 +33,13 @@ def applies(b: GraphBuilder) -> bool:
             and plan.dp == 1 and ((plan.ep > 1 and plan.moe_tp_size == 1) or plan.ep == 1))
 
 
+def rows_per_expert(pairs: int, experts: int, first: int, count: int) -> list[int]:
+    """Rows experts first..first+count-1 receive from one source under TensorCast's
+    `get_split_sizes` (`pairs // experts` each, one more for the first `pairs % experts`)."""
+    q, r = divmod(pairs, experts)
+    return [q + (i < r) for i in range(first, first + count)]
+
+
 def expert_split(pairs: int, experts: int, first: int, count: int) -> dict[int, int]:
     """TensorCast's `get_split_sizes`: `pairs` routed rows go to experts 0, 1, ... in turn
     (`pairs // experts` each, one more for the first `pairs % experts`); for experts
@@ -70,6 +77,9 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
         groups = max(1, round(local * (1.0 - (1.0 - k / e) ** b.batch.tokens)))
     n_rows = max(1, math.ceil(rows))
     ins = dict(layers=layers, stage=stage)
+    # the per-expert tensors TensorCast passes as list arguments (its exact split only)
+    per_expert = ([n for n in rows_per_expert(pairs, e, 0, local) if n]
+                  if b.stack.moe_routing == "tensorcast_split" else [])
 
     topk_w, topk_i = _router_and_gating(b, deps, t_rank, t, e, k, traits, **ins)
     idx = TensorSpec((t, k), "int64")
@@ -87,9 +97,10 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
         # the rows regrouped by expert (`rearrange_token_by_expert`); when every local
         # expert receives rows the compiled graph keeps no such copy (the split of the
         # dispatched rows sinks into the grouped GEMM: sink_split_pass), as the dumps show
+        pieces = tuple(TensorSpec((n, h), act) for n in per_expert for _ in range(ep))
         last = b.elementwise("moe.group_by_expert", "tensor_cast.cat.default", "copy",
                              inputs=(got,), outputs=(got,), flops=0, deps=(last,), **ins,
-                             signature=((), (got,)))
+                             signature=(pieces, (got,)), extra={"list_inputs": 0})
     inter = spec.inter
     gate_up_w, down_w = h * 2 * inter, inter * h
     up_bias, down_bias = (2 * inter, h) if traits.expert_bias else (0, 0)
@@ -100,23 +111,31 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
         "moe.experts.gate_up", "tensor_cast.grouped_matmul_swiglu.default", "moe",
         flops=2.0 * rows * h * 2 * inter + 5.0 * rows * inter,
         bytes_read=rows * h * dtype_bytes(a_dt) + groups * gate_up_w * w_b,
-        bytes_written=rows * inter * act_b, inputs=(), outputs=(mid,),
+        bytes_written=rows * inter * act_b, outputs=(mid,),
+        inputs=tuple(TensorSpec((ep * n, h), a_dt) for n in per_expert)
+        + tuple(TensorSpec((h, 2 * inter), w_dt) for _ in per_expert),
         axes={"m": n_rows, "n": 2 * inter, "k": h, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
-        extra={**resident, "weight_params": local * (gate_up_w + up_bias),
+        extra={**resident, "list_inputs": 0, "weight_list_from": len(per_expert),
+               "weight_params": local * (gate_up_w + up_bias),
                "weight_bytes": local * (gate_up_w * w_b + up_bias * act_b),
                "active_weight_params": k * gate_up_w / ep})
     last = b.compute(
         "moe.experts.down", "tensor_cast.grouped_matmul.default", "moe",
         flops=2.0 * rows * inter * h, bytes_read=rows * inter * act_b + groups * down_w * w_b,
-        bytes_written=rows * h * act_b, inputs=(), outputs=(got,),
+        bytes_written=rows * h * act_b, outputs=(got,),
+        inputs=tuple(TensorSpec((ep * n, inter), act) for n in per_expert)
+        + tuple(TensorSpec((inter, h), w_dt) for _ in per_expert),
         axes={"m": n_rows, "n": h, "k": inter, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
-        extra={**resident, "weight_params": local * (down_w + down_bias),
+        extra={**resident, "list_inputs": 0, "weight_list_from": len(per_expert),
+               "weight_params": local * (down_w + down_bias),
                "weight_bytes": local * (down_w * w_b + down_bias * act_b),
                "active_weight_params": k * down_w / ep})
+    by_source = tuple(TensorSpec((n, h), act) for _ in range(ep) for n in per_expert)
     last = b.elementwise("moe.group_by_source", "aten.cat.default", "copy", inputs=(got,),
-                         outputs=(got,), flops=0, deps=(last,), **ins, signature=((), (got,)))
+                         outputs=(got,), flops=0, deps=(last,), **ins,
+                         signature=(by_source, (got,)), extra={"list_inputs": 0})
     last = b.collective("moe.combine", "all_to_all", deps=(last,), participants=ep,
                         message_bytes=n_rows * h * act_b, shapes=((n_rows, h), (pairs, h)),
                         **ins)
@@ -328,9 +347,11 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
                                  participants=tp, message_bytes=padded * h * act_b,
                                  count=calls, shapes=((padded, h), (padded, h)), **ins)
                     if tp > 1 else down)
+    pieces = (tuple(TensorSpec((n, h), act) for n in rows_per_expert(pairs, e, 0, e) if n)
+              if b.stack.moe_routing == "tensorcast_split" else ())
     last = b.elementwise("moe.group_by_source", "aten.cat.default", "copy", inputs=(routed,),
                          outputs=(routed,), flops=0, deps=tuple(outs), **ins,
-                         signature=((), (routed,)))
+                         signature=(pieces, (routed,)), extra={"list_inputs": 0})
     last = _unpermute_and_sum(b, routed, idx, last, topk_w, **ins)
     if spec.shared_inter:
         last = _shared_expert(b, spec.shared_inter, t, deps, last, stream=True, **ins)
