@@ -18,6 +18,7 @@ listed in `KernelTable.foreign_rows`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import gc
@@ -238,33 +239,39 @@ class KernelTable:
         return tuple(self.row(k) for k in range(len(self.records)))
 
     @functools.cached_property
-    def _by_first_last_dim(self) -> dict[int | None, list[int]]:
-        out: dict[int | None, list[int]] = {}
+    def _first_last_dim_text(self) -> tuple[list[str | None], dict[int, int | None]]:
+        """Per row, the text of its first input's last dim as the CSV writes it (the common
+        case: a plain first tensor, no NZ) or None; and, for the None rows, the dim
+        `first_input_last_dim` reads (None when it has none)."""
+        with _no_cyclic_gc():
+            return self._read_first_last_dims()
+
+    def _read_first_last_dims(self) -> tuple[list[str | None], dict[int, int | None]]:
         shapes_i, formats_i = self.tensor_columns[0], self.tensor_columns[2]
-        for k, (_, _, rec) in enumerate(self.records):
-            # `first_input_last_dim`, its common case inline (a plain first tensor, no NZ)
-            head = rec[shapes_i] if shapes_i is not None and shapes_i < len(rec) else ""
-            head = head.strip().strip('"').split(";", 1)[0]
-            fmt = rec[formats_i] if formats_i is not None and formats_i < len(rec) else ""
-            key = None
-            if head.strip() and "FRACTAL_NZ" not in fmt:
-                try:
-                    key = int(head.rsplit(",", 1)[-1])
-                except ValueError:
-                    pass
-            if key is None:
-                key = self.row(k).first_input_last_dim()
-            out.setdefault(key, []).append(k)
-        return out
+        try:
+            heads = [rec[shapes_i].lstrip(' "').split(";", 1)[0] for _, _, rec in self.records]
+            nz = ([("FRACTAL_NZ" in rec[formats_i]) for _, _, rec in self.records]
+                  if formats_i is not None else [False] * len(heads))
+        except (IndexError, TypeError):  # short rows: read each one the slow way
+            heads, nz = [""] * len(self.records), [True] * len(self.records)
+        keys: list[str | None] = [None if tiled or not head.strip() else
+                                  head.rpartition(",")[2].strip()
+                                  for head, tiled in zip(heads, nz)]
+        slow = {k: self.row(k).first_input_last_dim() for k, key in enumerate(keys)
+                if key is None or not key.isdigit()}
+        for k in slow:
+            keys[k] = None
+        return keys, slow
 
     def rows_for(self, last_dims: set[int] | None) -> Sequence[KernelRow]:
         """The rows whose first input's last dim is in `last_dims` (and those the index
         cannot read), in CSV order; every row when `last_dims` is None."""
         if last_dims is None:
             return self.rows
-        index = self._by_first_last_dim
-        picked = sorted([k for d in last_dims for k in index.get(d, ())]
-                        + index.get(None, []))
+        keys, slow = self._first_last_dim_text
+        wanted = {str(d) for d in last_dims}
+        picked = [k for k, key in enumerate(keys) if key in wanted
+                  or (key is None and (slow[k] is None or slow[k] in last_dims))]
         return [self.row(k) for k in picked]
 
 
@@ -311,12 +318,18 @@ def duration_cell(text: str) -> float | None | str:
 @functools.lru_cache(maxsize=256)
 def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str = ""
            ) -> KernelTable:
-    # the rows hold no reference cycles: collecting while a large CSV is read only
-    # re-scans them (a quarter of the parse time of 100,000 rows)
+    with _no_cyclic_gc():
+        return _parse_rows(kernel_type, path_text, sha, raw, device)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """The rows hold no reference cycles: collecting while a large CSV is read or indexed
+    only re-scans them (a quarter of the parse time of 100,000 rows, half the index's)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse_rows(kernel_type, path_text, sha, raw, device)
+        yield
     finally:
         if enabled:
             gc.enable()
