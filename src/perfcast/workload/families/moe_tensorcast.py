@@ -44,10 +44,8 @@ def expert_split(pairs: int, experts: int, first: int, count: int) -> dict[int, 
     """TensorCast's `get_split_sizes`: `pairs` routed rows go to experts 0, 1, ... in turn
     (`pairs // experts` each, one more for the first `pairs % experts`); for experts
     first..first+count-1: {rows: how many of them get that many rows}, empty ones left out."""
-    q, r = divmod(pairs, experts)
     sizes: dict[int, int] = {}
-    for i in range(first, first + count):
-        n = q + (i < r)
+    for n in rows_per_expert(pairs, experts, first, count):
         if n:
             sizes[n] = sizes.get(n, 0) + 1
     return sizes
