@@ -106,3 +106,15 @@ def test_default_calibration_answers_fitted_classes_and_names_its_revision():
     b200 = json.loads(run(*args, "--device", "b200_sxm").output)
     assert b200["calibration"]["analytic_efficiency"] is False
     assert all(o["method"] != "calibrated" for o in b200["ops"])
+
+
+def test_table_names_a_stack_other_than_the_default():
+    args = ("estimate", "Qwen/Qwen3-8B", "--num-queries", "8", "--query-length", "1",
+            "--context-length", "1024", "--decode")
+    ascend = run(*args, "--device", "atlas_800_a3_752t_128g_die")
+    assert ascend.exit_code == 0, ascend.output
+    assert "operator stack: tensorcast" in ascend.output  # --stack auto on an Ascend NPU
+    gpu = run(*args, "--device", "h100_sxm")
+    assert gpu.exit_code == 0 and "operator stack" not in gpu.output
+    assert "operator stack: tensorcast" in run(*args, "--device", "h100_sxm", "--stack",
+                                               "tensorcast").output

@@ -113,6 +113,10 @@ def print_step(result: StepResult, console: Console, *, by_shape: bool = False,
         table.add_row(*(row[c] for c in keep))
     console.print(table)
     notes = []
+    stack = g.conventions.get("stack", "default")
+    if stack != "default":  # the calls are another stack's (see perfcast.workload.stacks)
+        console.print(f"operator stack: {stack} (fusion boundaries and call signatures; "
+                      f"--stack)")
     if not wide:
         notes.append("narrow layout: --wide adds avg, bound and full operator names")
     if any(r.label == "partial" for r in rows):
