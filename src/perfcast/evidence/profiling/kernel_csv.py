@@ -248,17 +248,20 @@ class KernelTable:
 
     def _read_first_last_dims(self) -> tuple[list[str | None], dict[int, int | None]]:
         shapes_i, formats_i = self.tensor_columns[0], self.tensor_columns[2]
-        try:
-            heads = [rec[shapes_i].lstrip(' "').split(";", 1)[0] for _, _, rec in self.records]
-            nz = ([("FRACTAL_NZ" in rec[formats_i]) for _, _, rec in self.records]
-                  if formats_i is not None else [False] * len(heads))
+        keys: list[str | None]
+        try:  # one pass: the text after the first tensor's last comma, "" for an NZ row
+            if formats_i is None:
+                keys = [rec[shapes_i].lstrip(' "').split(";", 1)[0].rpartition(",")[2]
+                        for _, _, rec in self.records]
+            else:
+                keys = ["" if "FRACTAL_NZ" in rec[formats_i] else
+                        rec[shapes_i].lstrip(' "').split(";", 1)[0].rpartition(",")[2]
+                        for _, _, rec in self.records]
         except (IndexError, TypeError):  # short rows: read each one the slow way
-            heads, nz = [""] * len(self.records), [True] * len(self.records)
-        keys: list[str | None] = [None if tiled or not head.strip() else
-                                  head.rpartition(",")[2].strip()
-                                  for head, tiled in zip(heads, nz)]
+            keys = [""] * len(self.records)
+        # rows whose text is not a plain dim (NZ tiles, an empty first slot, spaces)
         slow = {k: self.row(k).first_input_last_dim() for k, key in enumerate(keys)
-                if key is None or not key.isdigit()}
+                if not key.isdigit()}
         for k in slow:
             keys[k] = None
         return keys, slow
