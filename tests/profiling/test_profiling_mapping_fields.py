@@ -245,3 +245,42 @@ def test_collect_grid_rows_follow_the_fields(tmp_path, a3):
     for sp, kernel, mb in ((False, "hcom_allReduce_", "98304"), (True, "hcom_reduceScatter_", "24576")):
         rows, _ = kernel_rows(ProfilingDataSource(db, a3, ParallelPlan(tp=4, sp=sp)), call)
         assert (rows[1].kernel_type, dict(rows[1].columns)["message_bytes"]) == (kernel, mb)
+
+
+# -- tp_linear_projection -------------------------------------------------------------------
+SQL = "tensor_cast.static_quant_linear.default"
+# the per-rank QuantBatchMatmulV3 row of a linear whose 16,384-wide input the real mapping
+# declares logical (global): at TP8 the kernel sees 2,048 of it
+QBMM = HEAD + ',"Average Duration(us)"\n"8,2048;2048,7168",INT8;INT8,ND;ND,"8,7168",DT_BF16,ND,30\n'
+
+
+def sql_call():
+    return op(SQL, [((8, 16384), "int8"), ((16384, 7168), "int8"), ((), "fp32"), ((), "fp32")],
+              [((8, 7168), BF)])
+
+
+def test_tp_linear_projection_looks_a_logical_dim_up_at_its_rank_shape(tmp_path, a3):
+    db = database(tmp_path, csvs=[("QuantBatchMatmulV3", QBMM)])
+    r = ProfilingDataSource(db, a3, ParallelPlan(tp=8)).lookup(sql_call())
+    assert r.latency_us == 30.0
+    assert r.shape_match_info.simulation_shapes == ((8, 2048), (2048, 7168))
+    # TP1: nothing to project; without the field the logical shape misses the row
+    assert isinstance(ProfilingDataSource(db, a3, ParallelPlan(tp=1)).lookup(sql_call()),
+                      LookupMiss)
+    db2 = database(tmp_path / "b", lambda d: ops(d)[SQL].pop("tp_linear_projection"),
+                   csvs=[("QuantBatchMatmulV3", QBMM)])
+    assert isinstance(ProfilingDataSource(db2, a3, ParallelPlan(tp=8)).lookup(sql_call()),
+                      LookupMiss)
+    # a dim the TP size does not divide is an explicit miss
+    miss = ProfilingDataSource(db, a3, ParallelPlan(tp=3)).lookup(sql_call())
+    assert isinstance(miss, LookupMiss) and miss.reason == "tp_projection_invalid"
+
+
+@pytest.mark.parametrize("rule, match", [
+    ({"shard_axis": "middle", "logical_global_dims": [16384]}, "shard_axis"),
+    ({"shard_axis": "input", "logical_global_dims": []}, "logical_global_dims"),
+    ({"shard_axis": "input", "logical_global_dims": [16384], "otherwise": "x"}, "otherwise"),
+    ({"shard_axis": "input", "logical_global_dims": [16384], "extra": 1}, "tp_linear_projection"),
+])
+def test_a_malformed_tp_linear_projection_is_refused(rule, match):
+    refused(lambda d: ops(d)[SQL].__setitem__("tp_linear_projection", rule), match)

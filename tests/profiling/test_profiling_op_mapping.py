@@ -26,8 +26,10 @@ def test_real_mapping_loads():
     assert m.get("tensor_cast.matmul_all_reduce.default").sub_kernels[-1] == "hcom_allReduce_"
     assert m.get("aten.embedding.default").tc_input_count == 2
     assert m.get("aten.view.default").zero_cost
-    # unknown per-operator fields are kept, not rejected
-    assert "tp_linear_projection" in m.get("tensor_cast.static_quant_linear.default").extra
+    # fields the lookup does not read are kept, not rejected; tp_linear_projection is read
+    sql = m.get("tensor_cast.static_quant_linear.default")
+    assert "expected_input_formats" in sql.extra and "tp_linear_projection" not in sql.extra
+    assert sql.tp_linear_projection == ("input", (16384,))
     assert m.communication_data_ref == "../../hccl/v8.5/"
     assert m.interpolation_policy["kernel_overrides"]["FusedInferAttentionScore"] == {
         "axis_transform": "sqrt_seq"}

@@ -50,6 +50,8 @@ class OperatorMapping:
     embedded_communication: dict | None = field(default=None, compare=False)
     # {runtime switch: comm variant}; only `sequence_parallel` (`parse_comm_variants`)
     runtime_comm_variants: dict[str, dict] = field(default_factory=dict, compare=False)
+    # TP shape contract of a linear (`parse_tp_projection`): (shard_axis, logical dims)
+    tp_linear_projection: tuple[str, tuple[int, ...]] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -260,6 +262,26 @@ def parse_kernel_policies(data: dict, key: str, source: str) -> dict[str, dict]:
             for k, v in node["kernel_overrides"].items()}
 
 
+def parse_tp_projection(name: str, node: Any, source: str) -> tuple[str, tuple[int, ...]]:
+    """`tp_linear_projection`: `shard_axis` input | output, `logical_global_dims` (positive
+    ints), `otherwise: physical_local` (the only mode TensorCast defines)."""
+    fld = f"operator_mappings.{name}.tp_linear_projection"
+    if not isinstance(node, dict):
+        raise _bad(node, source, fld, "a mapping of shard_axis, logical_global_dims, otherwise")
+    unknown = set(node) - {"shard_axis", "logical_global_dims", "otherwise"}
+    if unknown:
+        raise _bad(sorted(unknown), source, fld, "shard_axis, logical_global_dims, otherwise")
+    axis, dims = node.get("shard_axis"), node.get("logical_global_dims")
+    if axis not in ("input", "output"):
+        raise _bad(axis, source, fld + ".shard_axis", "input | output")
+    if (not isinstance(dims, list) or not dims
+            or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims)):
+        raise _bad(dims, source, fld + ".logical_global_dims", "a list of positive integers")
+    if node.get("otherwise", "physical_local") != "physical_local":
+        raise _bad(node.get("otherwise"), source, fld + ".otherwise", "physical_local")
+    return axis, tuple(dims)
+
+
 def parse_operator_mapping(name: str, node: Any, source: str) -> OperatorMapping:
     if not isinstance(node, dict):
         raise ConfigError(f"has value {node!r}", source=source,
@@ -273,8 +295,11 @@ def parse_operator_mapping(name: str, node: Any, source: str) -> OperatorMapping
         elif value is not None:
             values[key] = _typed(value, kind, source, f"operator_mappings.{name}.{key}")
     for key in ("project_full_shape", "embedded_compute", "embedded_communication",
-                "runtime_comm_variants"):
+                "runtime_comm_variants", "tp_linear_projection"):
         extra.pop(key, None)
+    if node.get("tp_linear_projection") is not None:
+        values["tp_linear_projection"] = parse_tp_projection(
+            name, node["tp_linear_projection"], source)
     values.update(parse_moe_fields(name, node, source))
     if node.get("runtime_comm_variants") is not None:
         if not values.get("composite") or not values.get("sub_kernels"):

@@ -74,6 +74,7 @@ class ProfilingDataSource(DataSourcePerformanceModel):
         self.tables = KernelTables(self.data_dir, comm_dir, self.lookup_device)
         self.comm_grid = getattr(device, "comm_grid", None)
         self.ep_size: int | None = parallel_config.ep if parallel_config is not None else None
+        self.tp_size: int | None = parallel_config.tp if parallel_config is not None else None
         # MC2 composites use their `runtime_comm_variants.sequence_parallel` collective
         self.sequence_parallel = bool(getattr(parallel_config, "sp", False))
         self.decomposers: dict[str, Decomposer] = {**COMPOSITE_DECOMPOSERS, **(decomposers or {})}

@@ -31,6 +31,7 @@ class LookupContext(Protocol):
 
     tables: KernelTables
     ep_size: int | None
+    tp_size: int | None
     mapping: OpMapping
 
     def topology_tier(self, participants: int, tier_name: str = "") -> int | None: ...

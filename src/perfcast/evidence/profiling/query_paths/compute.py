@@ -83,6 +83,12 @@ def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMappin
     if not mapping.kernel_type:
         return LookupMiss("unmapped", f"{mapping.name} has no kernel_type")
     inputs = tc_inputs(op, mapping.tc_input_count)
+    if mapping.tp_linear_projection is not None:
+        projected = tp_project(inputs, mapping.tp_linear_projection,
+                               getattr(ctx, "tp_size", None))
+        if isinstance(projected, LookupMiss):
+            return projected
+        inputs = projected
     sim = shapes_of(inputs)
     found = find_compute_match(ctx, kernel_list(mapping, inputs=inputs), inputs,
                                mapping.tc_input_count)
@@ -90,3 +96,25 @@ def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMappin
         return LookupMiss(found.reason, found.detail,
                           ShapeMatchInfo(sim, (), found.reason))
     return candidate_result(found, sim)
+
+
+def tp_project(inputs: list[tuple[Shape, str]], rule: tuple[str, tuple[int, ...]],
+               tp: int | None) -> list[tuple[Shape, str]] | LookupMiss:
+    """The mapping's `tp_linear_projection` (as TensorCast's `_lookup_compute` applies it):
+    a linear whose visible dim (x's last on `input`, the weight's columns on `output`) is
+    one of `logical_global_dims` is looked up at its per-rank TP shape, that dim divided
+    by the TP size; every other dim is physical and queried unchanged."""
+    axis, dims = rule
+    if len(inputs) < 2 or len(inputs[0][0]) != 2 or len(inputs[1][0]) != 2:
+        return LookupMiss("invalid_tp_linear_projection_rule",
+                          "tp_linear_projection needs a 2-D activation and weight")
+    (x, x_dt), (w, w_dt) = inputs[0], inputs[1]
+    visible = x[-1] if axis == "input" else w[1]
+    if visible not in dims or not tp or tp == 1:
+        return inputs
+    if x[-1] != w[0] or visible % tp:
+        return LookupMiss("tp_projection_invalid",
+                          f"logical_dim={visible};shard_axis={axis};tp_size={tp}")
+    if axis == "input":
+        return [((x[0], x[1] // tp), x_dt), ((w[0] // tp, w[1]), w_dt), *inputs[2:]]
+    return [(x, x_dt), ((w[0], w[1] // tp), w_dt), *inputs[2:]]
