@@ -26,7 +26,6 @@ with the GPU's (the longer of the two) for engines with an overlap scheduler.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 

@@ -109,24 +109,25 @@ def split_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-# operation -> the inputs that are activations when the call also receives a resident
-# tensor (the paged cache `reshape_and_cache` writes into, the embedding or RoPE table)
+# operation -> the inputs that are activations when the call also receives resident
+# tensors: the paged cache `reshape_and_cache` / `concat_and_cache_mla` write into, the
+# embedding or RoPE table, the weights TensorCast's `mlapo` takes after hidden, cos, sin,
+# the latent cache and indices TensorCast's sparse MLA call takes after q
 RESIDENT_INPUTS = {"kv_cache_write": slice(0, 2), "embedding": slice(-1, None),
-                   "table_gather": slice(0, 0)}
+                   "table_gather": slice(0, 0), "mlapo": slice(0, 3),
+                   "mla_sparse_attention": slice(0, 1)}
 
 
 def _activation_bytes(t: Task) -> float:
     """Live activation bytes while `t` runs: outputs plus inputs that are neither weights
-    nor the KV cache (the first `activation_inputs` when a task says so)."""
+    nor the KV cache (`RESIDENT_INPUTS` for calls that also receive those)."""
     if t.kind is not TaskKind.COMPUTE:
         return 0.0
     out = sum(x.nbytes for x in t.outputs)
     rest_is_weight_or_cache = (t.operation in ("moe", "attention", "mla_attention")
                                or (t.operation == "gemm" and "weight_params" in t.attributes))
     ins = t.inputs[:1] if rest_is_weight_or_cache else t.inputs
-    if "activation_inputs" in t.attributes:  # the inputs after these are weights / caches
-        ins = t.inputs[:int(t.attributes["activation_inputs"])]
-    elif t.operation in RESIDENT_INPUTS:  # the cache written in place, a resident table
+    if t.operation in RESIDENT_INPUTS:
         ins = ins[RESIDENT_INPUTS[t.operation]]
     return out + sum(x.nbytes for x in ins)
 

@@ -162,7 +162,6 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
         pre = (qa, qn, q, kva, kvn, qr, rp) if q_lora else (q, kva, kvn, qr, rp)
         rp = b.fuse(pre, q, group="mla.mlapo", operator="tensor_cast.mlapo.default",
                     operation="mlapo", inputs=_tc_mlapo_inputs(b, pre, dims),
-                    extra={"activation_inputs": 3},
                     outputs=(TensorSpec((tokens, heads, nope + rope), act),
                              TensorSpec((tokens, lora), act), TensorSpec((tokens, rope), act))
                     + ((TensorSpec((tokens, q_lora), act),) if q_lora else ()))
@@ -177,8 +176,7 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
         cache = b.fuse((cache,), cache, operator="tensor_cast.concat_and_cache_mla.default",
                        inputs=(TensorSpec((tokens, lora), act), TensorSpec((tokens, rope), act),
                                _tc_cache(b, loc.num_requests, seq, lora + rope),
-                               TensorSpec((tokens,), TC_INDEX_DTYPE)),
-                       extra={"activation_inputs": 2})
+                               TensorSpec((tokens,), TC_INDEX_DTYPE)))
     forms = [mla_form_for(b, seg.is_decode) if sparse is None else "absorbed"
              for seg in b.local_batch.segments]
     weights_in_naive = "naive" in forms
@@ -230,8 +228,7 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
             if sparse is not None:  # the indexer's top-k positions, (1, T, topk) int64
                 inputs += (TensorSpec((1, s_tokens, sparse.topk), TC_INDEX_DTYPE),)
             core = b.fuse(parts, core, inputs=inputs,
-                          outputs=(TensorSpec((s_tokens, heads, v), act),),
-                          extra={"activation_inputs": 1})
+                          outputs=(TensorSpec((s_tokens, heads, v), act),))
             last = (core,)
         else:
             last = (parts[-1],)
