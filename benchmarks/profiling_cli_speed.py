@@ -3,6 +3,9 @@ database: the `a3_qwen3_8b` fixture plus N MatMulV2 rows of shapes no query asks
 (default 100,000), for a Qwen3-32B TP4 decode step on the Atlas 800 A3 die.
 
     .venv/bin/python benchmarks/profiling_cli_speed.py [N] [--repeat R]
+
+With PYTHONDONTWRITEBYTECODE set, every call compiles perfcast's modules again (about
+0.3 s here); unset it for the time an installed package takes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,12 +41,17 @@ def main() -> None:
             for i in range(args.rows):
                 f.write(f'"{1000 + i},7000;3000,7000",DT_BF16;DT_BF16,ND;ND,"{1000 + i},3000",'
                         f"DT_BF16,ND,{50 + i * 0.01:.2f}\n")
+        walls = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             subprocess.run([str(perfcast), *COMMAND, "--profiling-database", str(db)],
                            check=True, stdout=subprocess.DEVNULL)
-            print(f"{args.rows} extra rows: {time.perf_counter() - t0:.2f} s wall "
+            walls.append(time.perf_counter() - t0)
+            print(f"{args.rows} extra rows: {walls[-1]:.2f} s wall "
                   f"(load average {os.getloadavg()[0]:.1f})")
+        bytecode = "not written" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "cached"
+        print(f"median {statistics.median(walls):.2f} s, range {min(walls):.2f}-"
+              f"{max(walls):.2f} s over {len(walls)} calls (Python bytecode {bytecode})")
 
 
 if __name__ == "__main__":

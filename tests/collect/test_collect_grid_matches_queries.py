@@ -19,6 +19,7 @@ from perfcast.evidence.factory import analytic_providers, build_resolver
 from perfcast.evidence.profiling.empirical import EmpiricalPerformanceModel
 from perfcast.evidence.profiling.metrics import MetricsCollector
 from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
+from perfcast.evidence.profiling.shape_rules import fractal_nz_to_nd
 from perfcast.evidence.resolver import CostResolver
 from perfcast.hardware import load_system
 from perfcast.plan.step import EstimateRequest, estimate_step
@@ -197,7 +198,12 @@ def test_fractal_nz_weights_are_tiled_only_where_the_lookup_reads_them(database)
     row = compute_row(ds, ["MatMulV2"], [x, w], None, ["ND", "FRACTAL_NZ"])
     # (N/16, K/16, 16, 16): restored to (N, K), the transposed weight MatMulV2 records
     assert row.inputs == (((8, 4096), "bf16", "ND"), ((384, 256, 16, 16), "bf16", "FRACTAL_NZ"))
-    # a grouped (E, K, N) weight has no transposed reading: it stays ND
+    # a grouped (E, K, N) weight: per-expert (N/16, K/16, 16, 16) tiles, restored to the
+    # (E, N, K) stack TensorCast's batched_transpose rule reads
     gw = ((16, 4096, 1536), "bf16")
     row = compute_row(ds, ["GroupedMatmul"], [x, gw], None, ["ND", "FRACTAL_NZ"])
-    assert row.inputs[1] == ((16, 4096, 1536), "bf16", "ND")
+    assert row.inputs[1] == ((16, 96, 256, 16, 16), "bf16", "FRACTAL_NZ")
+    assert fractal_nz_to_nd(row.inputs[1][0]) == (16, 1536, 4096)
+    # a weight of no transposed reading (a norm's 1-D gamma) stays ND
+    row = compute_row(ds, ["RmsNorm"], [x, ((4096,), "bf16")], None, ["ND", "FRACTAL_NZ"])
+    assert row.inputs[1] == ((4096,), "bf16", "ND")

@@ -328,6 +328,22 @@ def rows_for_call(call: dict, mappings: dict, flags: dict):
     return [(kernel, False, row), *comm_rows]
 
 
+def unanswerable_calls(case: str | Path, mapping_file: Path = REAL_MAPPING) -> dict[str, int]:
+    """{operator: calls} of a TensorCast run that no database under the mapping answers:
+    operators the mapping has no entry for, and R7 calls (no NPU kernel). TensorCast's
+    own lookup misses these too (`metrics_collector.py` counts them in M1's total)."""
+    path = Path(case) if Path(case).suffix == ".json" else TENSORCAST / f"{case}.json"
+    doc = json.loads(path.read_text())
+    mapping = yaml.safe_load(Path(mapping_file).read_text())["operator_mappings"]
+    out: dict[str, int] = {}
+    for call in doc["calls"]:
+        op = call["op"].removeprefix("torch.ops.")
+        ins = tensors(call)
+        if op not in mapping or (ins and (op, ins[0][0]) in NO_NPU_KERNEL):
+            out[op] = out.get(op, 0) + int(call.get("count", 1))
+    return out
+
+
 def row_key(row: dict) -> tuple:
     """What TensorCast matches a row on: its inputs (compute), message size and group
     (communication)."""

@@ -15,6 +15,7 @@ from tensorcast_database import (
     rows_for_call,
     run_flags,
     topology_tier,
+    unanswerable_calls,
     write_database,
 )
 
@@ -25,18 +26,18 @@ CASES = ["qwen3_8b_decode_tp1", "qwen3_8b_prefill_tp1", "qwen3_32b_decode_tp4",
          "qwen3_8b_decode_w8a8",
          # vLLM-Ascend's MC2 fusion (matmul + all-reduce as one composite call)
          "qwen3_32b_decode_tp4_mc2", "qwen3_8b_decode_w8a8_tp4_mc2",
-         # vLLM-Ascend's DispatchFFNCombine (routed experts as one fused call)
-         "qwen3_30b_a3b_decode_ep_fused"]
-# operators a case may still miss, with the first input of the missed call; documented
-# in docs/profiling.md ("A database of TensorCast's own calls"): the RoPE tables' gathers,
-# for which the mapping says the NPU runs no Index kernel (rule R7 of the generator), and
-# the max and exp of the MoE router's softmax (decomposed by TensorCast's compile), which
-# the real mapping does not list
-DOCUMENTED_MISSES = {"aten.index.Tensor": (40960, 128), "aten.amax.default": (2, 128),
-                     "aten.exp.default": (2, 128)}
-# (M1, M5) floors: 98% / 99%, except where documented misses weigh more (the MoE case:
-# 96 router max/exp calls of 1,206 are unmapped in the real mapping)
-FLOORS = {"qwen3_30b_a3b_decode_ep_fused": (0.91, 0.95)}
+         # MoE: routed experts as grouped matmuls over per-expert pieces (EP), as one
+         # matmul per expert (EP1), and as vLLM-Ascend's DispatchFFNCombine
+         "qwen3_30b_a3b_decode_ep", "qwen3_30b_a3b_prefill_ep", "qwen3_30b_a3b_decode_tp4",
+         "qwen3_235b_a22b_decode_ep8", "qwen3_30b_a3b_decode_ep_fused"]
+# Operators a case may still miss: the calls no database under the real mapping answers
+# (`unanswerable_calls`), documented in docs/profiling.md ("A database of TensorCast's own
+# calls"): the RoPE tables' gathers, for which the mapping says the NPU runs no Index
+# kernel (rule R7 of the generator), and the max and exp of the Qwen3-MoE router's
+# softmax (TensorCast's compile decomposes it; the mapping lists no entry for them).
+# M1 >= 98% / M5 >= 99% where those calls leave room for it; below that, every call the
+# mapping can answer must hit.
+M1_FLOOR, M5_FLOOR = 0.98, 0.99
 
 
 def _fidelity():
@@ -64,12 +65,17 @@ def test_tensorcast_step_hits_its_own_kernel_rows(case, tmp_path):
     db = write_database(case, tmp_path)
     run = estimate(case, db)
     m = run.metrics
-    m1, m5 = FLOORS.get(case, (0.98, 0.99))
-    assert m["m1"]["m1_raw_op_count_hr"] >= m1 and m["m5"]["m5_simulated_latency_coverage"] \
-        >= m5, (m["m1"], m["m5"])
+    total = m["m1"]["m1_total"]
+    unanswerable = unanswerable_calls(case)
+    ceiling = 1 - sum(unanswerable.values()) / total
+    assert m["m1"]["m1_raw_op_count_hr"] >= min(M1_FLOOR, ceiling - 1e-9), (m["m1"], ceiling)
+    if ceiling >= M1_FLOOR:
+        assert m["m5"]["m5_simulated_latency_coverage"] >= M5_FLOOR, m["m5"]
+    missed: dict[str, int] = {}
     for r in m["misses"]:
-        assert tuple(r["tc_shapes"][0]) == DOCUMENTED_MISSES.get(r["func_name"]), r
         assert r["reason"] in ("csv_not_found", "shape_mismatch", "unmapped"), r
+        missed[r["func_name"]] = missed.get(r["func_name"], 0) + r["count"]
+    assert missed == unanswerable
     # every row of the database answers some call: nothing in it is unreachable
     used = {rid for ct in run.results["profiling"].costed.tasks
             for rid in ct.resolution.estimate.raw_record_ids}

@@ -18,10 +18,8 @@ listed in `KernelTable.foreign_rows`.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import functools
-import gc
 import hashlib
 import io
 import math
@@ -206,9 +204,19 @@ class KernelTable:
     sha256: str
     bad_durations: tuple[int, ...] = ()   # CSV line numbers of unusable duration text
     foreign_rows: tuple[int, ...] = ()    # CSV line numbers measured on another device
-    # (data row number, latency, cells) of each usable row; `rows` are made from them
-    records: tuple[tuple[int, float, list[str]], ...] = ()
     tensor_columns: tuple[int | None, ...] = ()  # the six tensor cells' columns
+    # per usable row, in CSV order: its data row number, latency and CSV text (its cells
+    # are read again when the row is first used), and the text of its first input's last
+    # dim ("" where that is not a plain tensor: NZ, an empty slot). Plain lists of
+    # numbers and strings: the cyclic collector never scans them.
+    row_numbers: Sequence[int] = ()
+    latencies: Sequence[float] = ()
+    lines: Sequence[str] = ()
+    first_dim_texts: Sequence[str] = ()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.lines)
 
     def has(self, column: str) -> bool:
         return column in self.columns
@@ -222,60 +230,45 @@ class KernelTable:
 
     @functools.cached_property
     def _objects(self) -> list[KernelRow | None]:
-        return [None] * len(self.records)
+        return [None] * len(self.lines)
 
     def row(self, k: int) -> KernelRow:
         """The k-th usable row (made on first use)."""
         row = self._objects[k]
         if row is None:
-            i, latency, rec = self.records[k]
-            row = self._objects[k] = KernelRow(i, latency, rec, self._column_index,
-                                               self.tensor_columns, str(self.path))
+            cells = next(csv.reader(io.StringIO(self.lines[k])))
+            row = self._objects[k] = KernelRow(self.row_numbers[k], self.latencies[k], cells,
+                                               self._column_index, self.tensor_columns,
+                                               str(self.path))
         return row
 
     @functools.cached_property
     def rows(self) -> tuple[KernelRow, ...]:
         """Every usable row, in CSV order (made once; `rows_for` shares them)."""
-        return tuple(self.row(k) for k in range(len(self.records)))
+        return tuple(self.row(k) for k in range(len(self.lines)))
 
     @functools.cached_property
-    def _first_last_dim_text(self) -> tuple[list[str | None], dict[int, int | None]]:
-        """Per row, the text of its first input's last dim as the CSV writes it (the common
-        case: a plain first tensor, no NZ) or None; and, for the None rows, the dim
-        `first_input_last_dim` reads (None when it has none)."""
-        with _no_cyclic_gc():
-            return self._read_first_last_dims()
-
-    def _read_first_last_dims(self) -> tuple[list[str | None], dict[int, int | None]]:
-        shapes_i, formats_i = self.tensor_columns[0], self.tensor_columns[2]
-        keys: list[str | None]
-        try:  # one pass: the text after the first tensor's last comma, "" for an NZ row
-            if formats_i is None:
-                keys = [rec[shapes_i].lstrip(' "').split(";", 1)[0].rpartition(",")[2]
-                        for _, _, rec in self.records]
-            else:
-                keys = ["" if "FRACTAL_NZ" in rec[formats_i] else
-                        rec[shapes_i].lstrip(' "').split(";", 1)[0].rpartition(",")[2]
-                        for _, _, rec in self.records]
-        except (IndexError, TypeError):  # short rows: read each one the slow way
-            keys = [""] * len(self.records)
-        # rows whose text is not a plain dim (NZ tiles, an empty first slot, spaces)
-        slow = {k: self.row(k).first_input_last_dim() for k, key in enumerate(keys)
-                if not key.isdigit()}
-        for k in slow:
-            keys[k] = None
-        return keys, slow
+    def _first_last_dim_index(self) -> tuple[dict[str, list[int]], dict[int, int | None]]:
+        """The rows by the text of their first input's last dim, for the rows where it is
+        a plain dim; and the other rows with the dim `first_input_last_dim` reads for them
+        (None when it has none)."""
+        by_text: dict[str, list[int]] = {}
+        for k, key in enumerate(self.first_dim_texts):
+            by_text.setdefault(key, []).append(k)
+        # rows whose text is not a plain dim (NZ tiles, an empty first slot, spaces, "07")
+        odd = [t for t in by_text if not (t.isascii() and t.isdigit() and str(int(t)) == t)]
+        slow = {k: self.row(k).first_input_last_dim() for t in odd for k in by_text.pop(t)}
+        return by_text, slow
 
     def rows_for(self, last_dims: set[int] | None) -> Sequence[KernelRow]:
         """The rows whose first input's last dim is in `last_dims` (and those the index
         cannot read), in CSV order; every row when `last_dims` is None."""
         if last_dims is None:
             return self.rows
-        keys, slow = self._first_last_dim_text
-        wanted = {str(d) for d in last_dims}
-        picked = [k for k, key in enumerate(keys) if key in wanted
-                  or (key is None and (slow[k] is None or slow[k] in last_dims))]
-        return [self.row(k) for k in picked]
+        by_text, slow = self._first_last_dim_index
+        picked = [k for d in last_dims for k in by_text.get(str(d), ())]
+        picked += [k for k, dim in slow.items() if dim is None or dim in last_dims]
+        return [self.row(k) for k in sorted(picked)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -321,27 +314,14 @@ def duration_cell(text: str) -> float | None | str:
 @functools.lru_cache(maxsize=256)
 def _parse(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str = ""
            ) -> KernelTable:
-    with _no_cyclic_gc():
-        return _parse_rows(kernel_type, path_text, sha, raw, device)
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc():
-    """The rows hold no reference cycles: collecting while a large CSV is read or indexed
-    only re-scans them (a quarter of the parse time of 100,000 rows, half the index's)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    return _parse_rows(kernel_type, path_text, sha, raw, device)
 
 
 def _parse_rows(kernel_type: str, path_text: str, sha: str, raw: bytes, device: str
                 ) -> KernelTable:
     path = Path(path_text)
-    reader = csv.reader(io.StringIO(raw.decode("utf-8-sig")))
+    physical = list(io.StringIO(raw.decode("utf-8-sig")))  # lines, ends kept
+    reader = csv.reader(physical)
     header = next(reader, [])
     columns = tuple(c.strip() for c in header)
     index = {c: i for i, c in enumerate(columns)}
@@ -353,8 +333,15 @@ def _parse_rows(kernel_type: str, path_text: str, sha: str, raw: bytes, device: 
     cols = [index.get(c) for c in (INPUT_SHAPES, INPUT_DTYPES, INPUT_FORMATS, OUTPUT_SHAPES,
                                    OUTPUT_DTYPES, OUTPUT_FORMATS)]
     dev_i, prof_i = index.get(MEASURED_DEVICE), index.get(PROFILED_LATENCY)
-    records, bad, foreign = [], [], []
+    shapes_i, formats_i = cols[0], cols[2]
+    numbers: list[int] = []
+    latencies: list[float] = []
+    lines: list[str] = []
+    first_dims: list[str] = []
+    bad, foreign = [], []
+    end = reader.line_num
     for i, rec in enumerate(reader):
+        start, end = end, reader.line_num
         if not rec:
             continue
         cell = lat_i
@@ -378,11 +365,18 @@ def _parse_rows(kernel_type: str, path_text: str, sha: str, raw: bytes, device: 
             continue
         if latency is None:
             continue  # rows without a duration carry no evidence
-        records.append((i, latency, rec))
+        numbers.append(i)
+        latencies.append(latency)
+        lines.append(physical[start] if end == start + 1 else "".join(physical[start:end]))
+        # the text after the first tensor's last comma ("" for an NZ row or no shapes)
+        first = rec[shapes_i] if shapes_i is not None and shapes_i < len(rec) else ""
+        nz = formats_i is not None and formats_i < len(rec) and "FRACTAL_NZ" in rec[formats_i]
+        first_dims.append("" if nz else first.lstrip(' "').split(";", 1)[0].rpartition(",")[2])
     return KernelTable(kernel_type=kernel_type, path=path, columns=columns,
                        latency_column=lat_col, sha256=sha, bad_durations=tuple(bad),
-                       foreign_rows=tuple(foreign), records=tuple(records),
-                       tensor_columns=tuple(cols))
+                       foreign_rows=tuple(foreign), tensor_columns=tuple(cols),
+                       row_numbers=numbers, latencies=latencies, lines=lines,
+                       first_dim_texts=first_dims)
 
 
 class KernelTables:

@@ -1,7 +1,8 @@
 """Compute-path shape matching: perfcast input tensors vs. one CSV row.
 
 Generic rules, tried per input in this order: identity, batch-dim stripping (a leading
-1), matmul weight transpose (CSV stores (N,K), perfcast (K,N)), block-padding
+1), matmul weight transpose (CSV stores (N,K), perfcast (K,N); a grouped kernel's
+per-expert stack (E,N,K) for (E,K,N)), block-padding
 tolerance (a dim rounded up to 16/32/64), 3D->2D flattening and merging of the last
 two dims. FRACTAL_NZ CSV shapes are restored to ND first. Which kernel admits which
 rule is data (`KERNEL_RULES`); layout differences between TensorCast's operator (the
@@ -28,7 +29,9 @@ RELAXED_DTYPE_GROUPS = ({"bf16", "fp32"},)
 
 @dataclass(frozen=True)
 class KernelRule:
-    weight_transpose: bool = False   # input 1 may be stored transposed (matmul weights)
+    # inputs 1.. may be stored transposed (matmul weights): (K, N) as (N, K), and the
+    # per-expert stack (E, K, N) of a grouped kernel as (E, N, K)
+    weight_transpose: bool = False
     relaxed_dtype: bool = False      # accept dtypes in RELAXED_DTYPE_GROUPS as equal
     flatten_batch: bool = False      # (B, M, D) may match a CSV (B*M, D)
     merge_last_dims: bool = False    # (T, H, D) may match a CSV (T, H*D)
@@ -43,6 +46,9 @@ KERNEL_RULES: dict[str, KernelRule] = {
     "MatMulV2": KernelRule(weight_transpose=True, relaxed_dtype=True),
     "MatMulV3": _MATMUL, "MatMulCommon": _MATMUL, "MatMul": _MATMUL,
     "QuantBatchMatmulV3": _MATMUL, "BatchMatMulV2": _MATMUL, "TransposeBatchMatMul": _MATMUL,
+    "GroupedMatmul": _MATMUL, "GroupedMatmulSwigluQuant": _MATMUL,
+    # the router's top-k kernel: TensorCast's _DTYPE_RELAXED_KERNELS
+    "MoeGatingTopK": KernelRule(relaxed_dtype=True),
     "PadV3": KernelRule(relaxed_dtype=True), "PadV3AiCore": KernelRule(relaxed_dtype=True),
     "SwiGlu": KernelRule(normalizer="concat_gate_up"),
     "ApplyRotaryPosEmb": KernelRule(relaxed_dtype=True, normalizer="rope_kq_bshd"),
@@ -191,7 +197,8 @@ def _dtype_ok(rule: KernelRule, want: str, have: str | None) -> bool:
 
 # rule precedence when several inputs match by different rules: the most specific wins
 _RANK = {"identity": 0, "batch_strip": 1, "padding": 2, "batch_strip+padding": 3,
-         "transpose": 4, "flatten_3d": 5, "flatten_3d+padding": 6, "merge_last_dims": 7,
+         "transpose": 4, "batched_transpose": 4, "flatten_3d": 5, "flatten_3d+padding": 6,
+         "merge_last_dims": 7,
          "merge_last_dims+padding": 8, "cache_pool_dim0_agnostic": 9}
 
 
@@ -207,6 +214,9 @@ def _one_input(rule: KernelRule, i: int, tc: Shape, csv_shape: Shape) -> str | N
     if rule.weight_transpose and i >= 1 and len(tc_s) == 2 and len(csv_shape) == 2 \
             and tc_s == (csv_shape[1], csv_shape[0]):
         return "transpose"
+    if rule.weight_transpose and i >= 1 and len(tc_s) == 3 and len(csv_shape) == 3 \
+            and tc_s == (csv_shape[0], csv_shape[2], csv_shape[1]):
+        return "batched_transpose"
     if padded_match(tc_s, csv_shape):
         return "padding"
     if padded_match(tc_s, csv_s):

@@ -50,7 +50,7 @@ def find_compute_match(ctx: LookupContext, kernel_types: Sequence[str],
         return found
     # tell a different number of tensors from different shapes (primary kernel's CSV)
     primary = next((ctx.tables.get(k) for k in kernel_types if ctx.tables.get(k)), None)
-    if primary is not None and primary.records:
+    if primary is not None and primary.row_count:
         csv_count = len(primary.row(0).input_shapes)
         tc_count = len(inputs)
         if tc_input_count is not None:
