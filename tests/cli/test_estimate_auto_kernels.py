@@ -72,3 +72,15 @@ def test_auto_needs_a_runtime(tmp_path):
                                    "h100_sxm", "--evidence", str(_folder(tmp_path)),
                                    "--implementation", "auto"])
     assert out.exit_code == 2 and "--runtime" in out.output
+
+
+def test_table_output_names_the_aiconfigurator_tables(tmp_path):
+    # a root of system folders is read in place (no snapshot digest to show)
+    model, root = _model(tmp_path), _folder(tmp_path).parent
+    out = CliRunner().invoke(app, [
+        "estimate", str(model), "--device", "h100_sxm", "--decode", "--num-queries", "8",
+        "--query-length", "1", "--context-length", "512", "--evidence", str(root),
+        "--runtime", "vllm", "--runtime-version", "0.12.0", "--implementation", "auto"])
+    assert out.exit_code == 0, out.output
+    assert (f"evidence: {root} (AIConfigurator tables of h100_sxm, vllm 0.24.0 for "
+            "vllm 0.12.0)") in " ".join(out.output.split())

@@ -177,6 +177,13 @@ def print_sources(sources: dict, counts: dict[str, int], console: Console) -> No
     for ev in sources.get("evidence", ()):
         foreign = (f", FOREIGN: measured on {ev['foreign_measured_on']}"
                    if ev.get("foreign_measured_on") else "")
-        console.print(escape(f"evidence: {ev['ref']} ({ev['digest'][:19]}, {ev['records']} "
-                             f"records of {', '.join(ev['hardware']) or 'no system'}{foreign})"))
+        held = ', '.join(ev['hardware']) or 'no system'
+        if ev.get("layout") == "aiconfigurator":  # tables read in place: no snapshot digest
+            wanted = ev.get("runtime_version") or "any version"
+            console.print(escape(
+                f"evidence: {ev['ref']} (AIConfigurator tables of {held}, {ev['runtime']} "
+                f"{ev['collected_version']} for {ev['runtime']} {wanted}{foreign})"))
+        else:
+            console.print(escape(f"evidence: {ev['ref']} ({ev['digest'][:19]}, "
+                                 f"{ev['records']} records of {held}{foreign})"))
     console.print("ops answered by: " + ", ".join(f"{p} {n}" for p, n in counts.items()))
