@@ -32,6 +32,8 @@ fid = _load_benchmark()
 FLOORS = {
     "deepseek_v3_decode_tp16_ep16": 1.0,
     "deepseek_v3_decode_tp8": 1.0,
+    "deepseek_v3_decode_w8a8_tp16_ep16": 1.0,  # mlapo_quant, grouped_matmul_quant*
+    "deepseek_v3_decode_w8a8_tp8": 1.0,  # mlapo_quant, per-expert static_quant_linear
     "deepseek_v3_prefill_tp16_ep16": 1.0,
     "qwen3_235b_a22b_decode_ep8": 1.0,
     "qwen3_30b_a3b_decode_ep": 1.0,

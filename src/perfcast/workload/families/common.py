@@ -88,17 +88,21 @@ def residual_add(b: GraphBuilder, group: str, tokens: int, width: int, *, layers
 
 
 def dynamic_quantize(b: GraphBuilder, group: str, rows: int, width: int, *, layers=None,
-                     deps=(), stage: int = 0, stream: bool = False) -> str:
+                     deps=(), stage: int = 0, stream: bool = False,
+                     view: tuple[int, ...] | None = None, count: int | None = None) -> str:
     """Per-token dynamic int8 quantisation of a linear's input, when the stack runs it as
     its own op (`tensor_cast.dynamic_quantize_symmetric`): reads the activation, writes
     int8 and a scale; ~3 FLOPs per element (abs-max, scale, round). `stream`: the input
-    is the [1, T, w] view (the MLP intermediate) rather than a flat [T, w] tensor."""
+    is the [1, T, w] view (the MLP intermediate) rather than a flat [T, w] tensor;
+    `view`: another shape of the same elements as the call receives it (MLA's
+    (T, heads, v_head_dim) attention output)."""
     act = b.precision.activation
     x = TensorSpec((rows, width), act)
-    shape = (1, rows, width) if stream else (rows, width)
+    shape = view or ((1, rows, width) if stream else (rows, width))
     return b.elementwise(group, "tensor_cast.dynamic_quantize_symmetric.default", "quantize",
                          inputs=(x,), outputs=(TensorSpec((rows, width), "int8"),),
                          flops=3 * rows * width, layers=layers, deps=deps, stage=stage,
+                         count=count,
                          signature=((TensorSpec(shape, act),),
                                     (TensorSpec(shape, "int8"), TensorSpec((), "fp32"))))
 

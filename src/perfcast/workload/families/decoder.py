@@ -47,13 +47,13 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     per_layer = b.stack.residual == "per_layer"
     norm1 = rms_norm(b, "attn.input_norm", rows, h, layers=layers, deps=deps, stage=stage,
                      replicas=replicas, residual=not per_layer,
-                     quant_output=separate_activation_quant(b, "attn.qkv_proj"))
+                     quant_output=_norm_quantises(b, "attn.qkv_proj", kind))
     norm1 = sp_all_gather(b, "attn.sp_all_gather", tokens, h, layers=layers, deps=(norm1,),
                           stage=stage) or norm1
     attn = attention(b, layers, (norm1,), stage, kind)
     norm2 = rms_norm(b, "mlp.post_attn_norm", rows, h, layers=layers, deps=(attn,),
                      stage=stage, replicas=replicas, branch_rows=_flat_branch(b, attn),
-                     quant_output=separate_activation_quant(b, "mlp.gate_up_proj"))
+                     quant_output=_norm_quantises(b, "mlp.gate_up_proj", kind))
     norm2 = sp_all_gather(b, "mlp.sp_all_gather", tokens, h, layers=layers, deps=(norm2,),
                           stage=stage) or norm2
     out = ffn(b, layers, (norm2,), stage, kind)
@@ -61,6 +61,22 @@ def decoder_layer(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
         out = residual_add(b, "mlp.residual_add", rows, h, layers=layers, deps=(out,),
                            stage=stage, replicas=replicas, branch_rows=_flat_branch(b, out))
     return out
+
+
+def _norm_quantises(b: GraphBuilder, group: str, kind: LayerKind) -> bool:
+    """Whether a norm quantises its output for linear `group` after it (a stack that
+    quantises linear inputs in separate ops fuses that quantisation into the norm). Not
+    before TensorCast's `mlapo_quant`, which takes the hidden states unquantised, nor
+    before its MoE layer, whose router reads them in fp32 and whose experts quantise
+    their own rows."""
+    from perfcast.workload.families import mla, moe_tensorcast
+
+    if not separate_activation_quant(b, group):
+        return False
+    if group == "attn.qkv_proj" and kind.mixer == "attention" and \
+            mla.MLA_FIELDS[0] in b.model.raw:
+        return not mla.mlapo_quantised(b)
+    return not (kind.ffn == "moe" and moe_tensorcast.applies(b))
 
 
 def _flat_branch(b: GraphBuilder, lineage: str) -> bool:

@@ -34,8 +34,10 @@ from __future__ import annotations
 from perfcast.core.dtypes import dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.workload.families.attention import segment_suffix
-from perfcast.workload.families.common import (check_divisible, positive_int_field, rms_norm,
-                                               rope_tables, tp_all_reduce)
+from perfcast.workload.families.common import (check_divisible, dynamic_quantize,
+                                               positive_int_field, rms_norm, rope_tables,
+                                               separate_activation_quant, sequence_parallel,
+                                               tp_all_reduce)
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.model_spec import ModelSpec
 from perfcast.workload.tensors import TensorSpec
@@ -115,6 +117,17 @@ def _tc_mlapo_inputs(b: GraphBuilder, parts: tuple[str, ...], dims: dict[str, in
             TensorSpec((dims["kv_lora_rank"],), act))
 
 
+def mlapo_quantised(b: GraphBuilder) -> bool:
+    """Whether TensorCast's MLA preprocessing is `mlapo_quant` (`layers/mla.py`: when
+    q_a_proj, q_b_proj and kv_a_proj carry weight scales): the stack quantises linear
+    inputs in separate ops and those weights are int8. The call then takes the hidden
+    states unquantised (the norm before it does not quantise)."""
+    q_group = "mla.q_a_proj" if mla_dims(b.model)["q_lora_rank"] else "mla.q_proj"
+    return (mla_call_for(b) == "tensorcast"
+            and all(separate_activation_quant(b, g) and b.precision.linear(g)[0] == "int8"
+                    for g in (q_group, "mla.kv_a_proj")))
+
+
 def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...],
                   stage: int, *, sparse=None) -> str:
     """`sparse`: DeepSeek Sparse Attention hooks (`dsa.SparseMla`): its `indexer` runs
@@ -160,11 +173,20 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
     tc_call = mla_call_for(b) == "tensorcast"
     if tc_call:  # TensorCast's one pre-attention call: projections, norms and RoPE
         pre = (qa, qn, q, kva, kvn, qr, rp) if q_lora else (q, kva, kvn, qr, rp)
-        rp = b.fuse(pre, q, group="mla.mlapo", operator="tensor_cast.mlapo.default",
-                    operation="mlapo", inputs=_tc_mlapo_inputs(b, pre, dims),
+        inputs = _tc_mlapo_inputs(b, pre, dims)
+        quant = mlapo_quantised(b)
+        if quant:  # q_a_proj, q_b_proj, kv_a_proj scales (their offsets are None)
+            inputs += (TensorSpec((), "fp32"),) * 3
+        rp = b.fuse(pre, q, group="mla.mlapo",
+                    operator=f"tensor_cast.{'mlapo_quant' if quant else 'mlapo'}.default",
+                    operation="mlapo", inputs=inputs,
                     outputs=(TensorSpec((tokens, heads, nope + rope), act),
                              TensorSpec((tokens, lora), act), TensorSpec((tokens, rope), act))
-                    + ((TensorSpec((tokens, q_lora), act),) if q_lora else ()))
+                    + ((TensorSpec((tokens, q_lora), act),) if q_lora else ()),
+                    axes={"num_heads": heads, "qk_nope_head_dim": nope,
+                          "qk_rope_head_dim": rope, "kv_lora_rank": lora,
+                          "q_lora_rank": q_lora, "tp_size": tp,
+                          "sequence_parallel": int(sequence_parallel(b))})
         qn = rp
     cache = b.elementwise("mla.kv_cache_write", "tensor_cast.reshape_and_cache.default",
                           "kv_cache_write", inputs=(TensorSpec((tokens, lora + rope), act),),
@@ -232,6 +254,9 @@ def mla_attention(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str, ...
             last = (core,)
         else:
             last = (parts[-1],)
+    if separate_activation_quant(b, "mla.o_proj"):  # on the (T, H, v) attention output
+        last = (dynamic_quantize(b, "mla.o_proj_quant", tokens, heads * v, layers=layers,
+                                 deps=last, stage=stage, view=(tokens, heads, v)),)
     o = b.gemm("mla.o_proj", tokens, h, heads * v, layers=layers, deps=last, stage=stage,
                weight_shards=tp)
     return tp_all_reduce(b, "mla.all_reduce", tokens, h, tp, layers=layers, deps=(o,),

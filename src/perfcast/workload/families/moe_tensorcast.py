@@ -21,10 +21,18 @@ from __future__ import annotations
 import math
 
 from perfcast.core.dtypes import dtype_bytes
-from perfcast.workload.families.common import check_divisible
+from perfcast.workload.families.common import (check_divisible, dynamic_quantize,
+                                               separate_activation_quant)
 from perfcast.workload.families.traits import ArchTraits, MoeSpec, traits_for
 from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.tensors import TensorSpec
+
+
+# (gate/up with SwiGLU, down) grouped GEMMs, by whether the rows arrive quantised (W8A8)
+GROUPED_OPS = {False: ("tensor_cast.grouped_matmul_swiglu.default",
+                       "tensor_cast.grouped_matmul.default"),
+               True: ("tensor_cast.grouped_matmul_quant_swiglu.default",
+                      "tensor_cast.grouped_matmul_quant.default")}
 
 
 def applies(b: GraphBuilder) -> bool:
@@ -100,30 +108,42 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
                              inputs=(got,), outputs=(got,), flops=0, deps=(last,), **ins,
                              signature=(pieces, (got,)), extra={"list_inputs": 0})
     inter = spec.inter
+    quant = separate_activation_quant(b, "moe.experts")
+    if quant:  # the routed rows quantised for the W8A8 grouped GEMM
+        last = dynamic_quantize(b, "moe.experts.gate_up_quant", n_rows, h, deps=(last,),
+                                **ins)
+    # per expert, after the rows and weights: weight scales, then activation scales
+    scales = (TensorSpec((), "fp32"),) * (2 * len(per_expert)) if quant else ()
+    gate_up_op, down_op = GROUPED_OPS[quant]
     gate_up_w, down_w = h * 2 * inter, inter * h
     up_bias, down_bias = (2 * inter, h) if traits.expert_bias else (0, 0)
     resident = {"weight_dtype": w_dt, "act_dtype": a_dt, "weight_shards": ep,
                 "routed_rows": rows, "active_local_experts": float(groups)}
     mid = TensorSpec((n_rows, inter), act)
     last = b.compute(
-        "moe.experts.gate_up", "tensor_cast.grouped_matmul_swiglu.default", "moe",
+        "moe.experts.gate_up", gate_up_op, "moe",
         flops=2.0 * rows * h * 2 * inter + 5.0 * rows * inter,
         bytes_read=rows * h * dtype_bytes(a_dt) + groups * gate_up_w * w_b,
         bytes_written=rows * inter * act_b, outputs=(mid,),
         inputs=tuple(TensorSpec((ep * n, h), a_dt) for n in per_expert)
-        + tuple(TensorSpec((h, 2 * inter), w_dt) for _ in per_expert),
+        + tuple(TensorSpec((h, 2 * inter), w_dt) for _ in per_expert) + scales,
         axes={"m": n_rows, "n": 2 * inter, "k": h, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
         extra={**resident, "list_inputs": 0, "weight_list_from": len(per_expert),
                "weight_params": local * (gate_up_w + up_bias),
                "weight_bytes": local * (gate_up_w * w_b + up_bias * act_b),
                "active_weight_params": k * gate_up_w / ep})
+    if quant:
+        last = dynamic_quantize(b, "moe.experts.down_quant", n_rows, inter, deps=(last,),
+                                **ins)
+    down_in = a_dt if quant else act
     last = b.compute(
-        "moe.experts.down", "tensor_cast.grouped_matmul.default", "moe",
-        flops=2.0 * rows * inter * h, bytes_read=rows * inter * act_b + groups * down_w * w_b,
+        "moe.experts.down", down_op, "moe",
+        flops=2.0 * rows * inter * h,
+        bytes_read=rows * inter * dtype_bytes(down_in) + groups * down_w * w_b,
         bytes_written=rows * h * act_b, outputs=(got,),
-        inputs=tuple(TensorSpec((ep * n, inter), act) for n in per_expert)
-        + tuple(TensorSpec((inter, h), w_dt) for _ in per_expert),
+        inputs=tuple(TensorSpec((ep * n, inter), down_in) for n in per_expert)
+        + tuple(TensorSpec((inter, h), w_dt) for _ in per_expert) + scales,
         axes={"m": n_rows, "n": h, "k": inter, "groups": groups}, deps=(last,),
         compute_dtype=act, **ins,
         extra={**resident, "list_inputs": 0, "weight_list_from": len(per_expert),
@@ -139,7 +159,8 @@ def tensorcast_ep_moe(b: GraphBuilder, layers: tuple[int, ...], deps: tuple[str,
                         **ins)
     last = _unpermute_and_sum(b, sent, idx, last, topk_w, **ins)
     if spec.shared_inter:
-        last = _shared_expert(b, spec.shared_inter, t, deps, last, **ins)
+        last = _shared_expert(b, spec.shared_inter, t, deps, last, quant_deps=(topk_i,),
+                              **ins)
     if tp > 1:
         last = b.collective("moe.tp_all_gather", "all_gather", deps=(last,), participants=tp,
                             message_bytes=t * tp * h * act_b, shapes=((t, h), (t * tp, h)),
@@ -256,11 +277,16 @@ def _softmax_gating(b: GraphBuilder, router: str, t: int, e: int, k: int,
 
 
 def _shared_expert(b: GraphBuilder, inter: int, t: int, deps: tuple[str, ...], routed: str,
-                   stream: bool = False, **ins) -> str:
+                   stream: bool = False, quant_deps: tuple[str, ...] = (), **ins) -> str:
     """The shared expert over `t` tokens with its whole (unsharded) weights, added to the
-    routed output; `stream`: its activation and the add see [1, t, w] views."""
+    routed output; `stream`: its activation and the add see [1, t, w] views. Under W8A8
+    its input and intermediate are quantised by their own calls (the input once the
+    tokens are sliced, after `quant_deps`)."""
     h = b.model.hidden_size
     act = b.precision.activation
+    if separate_activation_quant(b, "moe.shared_experts.gate_up_proj"):
+        deps = (dynamic_quantize(b, "moe.shared_experts.gate_up_quant", t, h,
+                                 deps=(*deps, *quant_deps), stream=stream, **ins),)
     up = b.gemm("moe.shared_experts.gate_up_proj", t, 2 * inter, h, deps=deps, **ins)
     half = TensorSpec((t, inter), act)
     view = TensorSpec((1, t, inter), act) if stream else half
@@ -268,6 +294,9 @@ def _shared_expert(b: GraphBuilder, inter: int, t: int, deps: tuple[str, ...], r
                         inputs=(TensorSpec((t, 2 * inter), act),), outputs=(half,),
                         flops=5 * t * inter, deps=(up,), signature=((view, view), (view,)),
                         **ins)
+    if separate_activation_quant(b, "moe.shared_experts.down_proj"):
+        swi = dynamic_quantize(b, "moe.shared_experts.down_quant", t, inter, deps=(swi,),
+                               stream=stream, **ins)
     down = b.gemm("moe.shared_experts.down_proj", t, h, inter, deps=(swi,), **ins)
     x = TensorSpec((t, h), act)
     if traits_for(b.model).shared_expert_gate:  # sigmoid(shared_experts_gate(x)) * output
@@ -316,6 +345,7 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
         active = max(1, round(e * (1.0 - (1.0 - k / e) ** t)))
         sizes = {max(1, round(pairs / active)): active}
     w_dt = b.precision.linear("moe.experts")[0]
+    quant = separate_activation_quant(b, "moe.experts")
     resident = e * 3 * h * inter  # every expert's gate, up and down shard
     # biases: gate/up split like its weight, the down bias whole on each rank (counted once)
     bias = e * (2 * inter + h / tp) if traits.expert_bias else 0
@@ -331,6 +361,9 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
                    else 0.0,
                    "layer_count": b.layer_count(layers),
                    "active_weight_params": k * 3 * h * spec.inter / tp if n == 0 else 0}
+        if quant:
+            step = dynamic_quantize(b, pre + ".gate_up_quant", padded, h, deps=(step,),
+                                    count=calls, **ins)
         up = b.gemm(pre + ".gate_up_proj", padded, 2 * inter, h, deps=(step,), count=calls,
                     weight_shards=tp, extra=dict(weights), **ins)
         half = TensorSpec((padded, inter), act)
@@ -338,6 +371,9 @@ def tensorcast_expert_loop(b: GraphBuilder, layers: tuple[int, ...], deps: tuple
                             inputs=(TensorSpec((padded, 2 * inter), act),), outputs=(half,),
                             flops=5 * padded * inter, deps=(up,), count=calls,
                             signature=((half, half), (half,)), **ins)
+        if quant:
+            swi = dynamic_quantize(b, pre + ".down_quant", padded, inter, deps=(swi,),
+                                   count=calls, **ins)
         down = b.gemm(pre + ".down_proj", padded, h, inter, deps=(swi,), count=calls,
                       weight_shards=tp, extra={"weight_params": 0, "weight_bytes": 0.0,
                                                "active_weight_params": 0}, **ins)
