@@ -293,3 +293,19 @@ def test_serve_speculative_errors_are_clear(extra, message):
     res = CliRunner().invoke(app, SERVE + extra)
     assert res.exit_code != 0
     assert message in res.output
+
+
+def test_disagg_decode_pool_emits_k_plus_1_tokens_per_verify_step():
+    """Disaggregated: the decode engine runs the verify steps. All drafts accepted (K=3):
+    32 tokens after the first take 8 decode iterations, and the decode engine's TPOT is
+    its 8 step times / 32, as in agg; the prefill engine runs no decode step."""
+    cost = SpeculativeStepCost(interp_target(), SpeculativeConfig("eagle", 3, (1.0, 1.0, 1.0)))
+    client = ClosedLoopClient(C, LengthDistribution(ISL, OSL), num_requests=C)
+    prefill = engine(cost, role="prefill", name="p0", block=16)
+    decode = engine(cost, role="decode", name="d0", block=16)
+    res = simulate(client, [prefill], decode_engines=[decode], transfer_s=lambda r: 0.0,
+                   num_gpus=2)
+    assert sum(it.steps for it in decode.stats.trace if it.decode_requests) == 8
+    assert not any(it.decode_requests for it in prefill.stats.trace)
+    steps = [cost.step_s(StepShape(C, ISL + 4 * i)) for i in range(8)]
+    assert res.metrics.tpot_ms["mean"] == pytest.approx(sum(steps) / 32 * 1e3, rel=1e-6)
