@@ -35,9 +35,15 @@ TARGET_MAE = 0.10
 DEFAULTS = {"virtual_pipeline": 1, "micro_batch": 1, "recompute": "none",
             "sequence_parallel": False, "zero_stage": 0, "overlap_grad_reduce": True,
             "attention_kernel": "flash", "tp_comm_overlap": False,
-            "overlap_param_gather": False}  # Megatron-LM's default (arguments.py)
+            "overlap_param_gather": False,  # Megatron-LM's default (arguments.py)
+            "account_for_embedding_in_pipeline_split": False,
+            "account_for_loss_in_pipeline_split": False}
 # fields that only apply to some layouts: not an assumption where they cannot matter
-APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2)}
+# (the pipeline-split flags: off is what every Megatron-LM run without them did, layers
+# cut evenly; the flags date from ef490839e8 of 2025-02, default off: not an assumption)
+APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2),
+           "account_for_embedding_in_pipeline_split": lambda values: False,
+           "account_for_loss_in_pipeline_split": lambda values: False}
 # what answers the cost queries:
 #   physics     the analytic providers alone (roofline with the catalog's default
 #               efficiencies, alpha-beta collectives): `perfcast train --calibration none`
@@ -58,7 +64,6 @@ def model_spec(run):
     from perfcast.workload import load_model_spec, model_spec_from_config
 
     m = run.model
-    slots = run.assumed.get("pipeline_layer_slots")
     if m.hf_id:
         spec = load_model_spec(m.hf_id)
         got = (spec.num_layers, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
@@ -78,8 +83,6 @@ def model_spec(run):
                "tie_word_embeddings": m.tied, "resid_pdrop": m.dropout,
                "embd_pdrop": m.dropout, "attn_pdrop": m.dropout}
         name = f"{run.id} (GPT, from the paper's shape)"
-    if slots:
-        cfg["n_layer" if not m.hf_id else "num_hidden_layers"] = int(slots)
     return model_spec_from_config(cfg, name=name, source=f"{DATA.name}:{run.id}")
 
 
@@ -100,12 +103,13 @@ def layout_for(run, *, virtual_pipeline: int | None = None):
     if virtual_pipeline is not None:
         values["virtual_pipeline"] = virtual_pipeline
         assumed["virtual_pipeline"] = virtual_pipeline
-    if "pipeline_layer_slots" in run.assumed:
-        assumed["pipeline_layer_slots"] = run.assumed["pipeline_layer_slots"]
-    layout = TrainingLayout(tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp,
-                            virtual_pipeline=values["virtual_pipeline"],
-                            sequence_parallel=values["sequence_parallel"],
-                            recompute=values["recompute"], zero_stage=values["zero_stage"])
+    layout = TrainingLayout(
+        tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, virtual_pipeline=values["virtual_pipeline"],
+        sequence_parallel=values["sequence_parallel"], recompute=values["recompute"],
+        zero_stage=values["zero_stage"],
+        account_for_embedding_in_pipeline_split=values[
+            "account_for_embedding_in_pipeline_split"],
+        account_for_loss_in_pipeline_split=values["account_for_loss_in_pipeline_split"])
     return layout, values, assumed
 
 

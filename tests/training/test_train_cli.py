@@ -92,3 +92,15 @@ def test_overlap_param_gather_flag():
     assert on["step_time_s"] < off["step_time_s"]
     bad = run("--num-devices", "8", "--dp-size", "8", "--overlap-param-gather")
     assert bad.exit_code == 2 and "--overlap-param-gather" in bad.output
+
+
+def test_pipeline_split_flags():
+    args = ("--num-devices", "8", "--pp-size", "2", "--dp-size", "4", "--format", "json",
+            "--calibration", "none")
+    flags = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+    r = run(*args, *flags)
+    assert r.exit_code == 0, r.output
+    # 24 layers + 2 slots = 13 per rank, one layer fewer on each: 12 + 12, the even split
+    assert json.loads(r.output)["step_time_s"] == json.loads(run(*args).output)["step_time_s"]
+    bad = run("--num-devices", "8", "--pp-size", "4", "--dp-size", "2", *flags)
+    assert bad.exit_code == 2 and "--pp-size" in bad.output and "26" in bad.output

@@ -52,6 +52,14 @@ def train_command(
                                                                "core) | full")] = "none",
     zero_stage: Annotated[int, typer.Option("--zero-stage", help="0 | 1 (optimizer state) | "
                                                                  "2 (+ gradients) | 3 (+ weights)")] = 0,
+    account_for_embedding_in_pipeline_split: Annotated[bool, typer.Option(
+        "--account-for-embedding-in-pipeline-split",
+        help="the input embedding takes one layer slot of the pipeline split: the first "
+             "chunk holds one layer fewer (Megatron-LM's flag)")] = False,
+    account_for_loss_in_pipeline_split: Annotated[bool, typer.Option(
+        "--account-for-loss-in-pipeline-split",
+        help="the output layer and loss take one layer slot: the last chunk holds one "
+             "layer fewer (Megatron-LM's flag)")] = False,
     dtype: Annotated[str, typer.Option(help="bf16 | fp16 | fp8 (GEMM inputs)")] = "bf16",
     no_overlap_grad_reduce: Annotated[bool, typer.Option(
         "--no-overlap-grad-reduce", help="reduce gradients after the last backward pass "
@@ -93,7 +101,11 @@ def train_command(
         layout = TrainingLayout(tp=tp_size, pp=pp_size, dp=dp_size, cp=cp_size, ep=ep_size,
                                 virtual_pipeline=virtual_pipeline_size,
                                 sequence_parallel=sequence_parallel, recompute=recompute,
-                                zero_stage=zero_stage)
+                                zero_stage=zero_stage,
+                                account_for_embedding_in_pipeline_split=(
+                                    account_for_embedding_in_pipeline_split),
+                                account_for_loss_in_pipeline_split=(
+                                    account_for_loss_in_pipeline_split))
         layout.check_devices(num_devices)
         spec = load_model_spec(model)
         for note in spec.notes:

@@ -24,11 +24,13 @@ from perfcast.training.graph import (
     PARAM_BYTES,
     backward_tasks,
     chunk_forward_tasks,
+    drop_tasks,
     expand_unfused_attention,
     saved_activation_bytes,
 )
 from perfcast.training.layout import TrainingLayout
 from perfcast.workload import MemoryFacts, TaskGraph
+from perfcast.workload.graph import GraphBuilder
 from perfcast.workload.tensors import Engine, Task, TaskKind, TensorSpec, Work
 
 
@@ -276,6 +278,44 @@ def _dp_gradient_tasks(backward: list[Task], runs: dict, layout: TrainingLayout,
     return out
 
 
+def drop_one_layer(tasks: list[Task], *, first: bool) -> list[Task]:
+    """The chunk's tasks with one transformer layer fewer: its first layer (`first`: the
+    slot the input embedding takes) or its last (the loss's slot). The run holding that
+    layer repeats one time fewer; a run of one layer goes, and who depended on its tasks
+    depends on what they depended on."""
+    runs = {t.lineage.split(".", 1)[0]: t.layers for t in tasks if t.layers is not None}
+    if not runs:
+        return tasks
+    key = (min if first else max)(runs, key=lambda k: runs[k][0] if first else runs[k][1])
+    a, b = runs[key]
+    step = next(int(t.attributes.get("layer_step", 1)) for t in tasks
+                if t.lineage.startswith(key + "."))
+    reps = len(range(a, b + 1, step))
+    if reps == 1:
+        return drop_tasks(tasks, {t.lineage for t in tasks if t.lineage.startswith(key + ".")})
+    layers = (a + step, b) if first else (a, b - step)
+    if step > 1:
+        layers = (*layers, step)
+    new_key = GraphBuilder.layer_prefix(layers)[:-1]
+
+    def renamed(lineage: str) -> str:
+        return new_key + lineage[len(key):] if lineage.startswith(key + ".") else lineage
+
+    out = []
+    for t in tasks:
+        deps = tuple(renamed(d) for d in t.deps)
+        if not t.lineage.startswith(key + "."):
+            out.append(t if deps == t.deps else replace(t, deps=deps))
+            continue
+        attrs = dict(t.attributes)
+        if "layer_count" in attrs:
+            attrs["layer_count"] = int(attrs["layer_count"]) // reps * (reps - 1)
+        out.append(replace(t, lineage=renamed(t.lineage), deps=deps,
+                           count=t.count // reps * (reps - 1), layers=layers[:2],
+                           attributes=FrozenDict(attrs)))
+    return out
+
+
 def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tiers, *,
                 attention_kernel: str, attention_dropout: bool,
                 tp_comm_overlap: bool = False, grad_bucket_params: int = 0) -> ChunkGraphs:
@@ -283,6 +323,10 @@ def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tie
     chunks = layout.chunks
     last = chunk == chunks - 1
     forward = chunk_forward_tasks(graph, chunk, last)
+    if chunk == 0 and layout.account_for_embedding_in_pipeline_split:
+        forward = drop_one_layer(forward, first=True)
+    if last and layout.account_for_loss_in_pipeline_split:
+        forward = drop_one_layer(forward, first=False)
     forward = _cp_exchange(forward, layout, tiers)
     dense, expert, runs = _params(forward, last and chunks > 1)
     saved, per_layer = saved_activation_bytes(

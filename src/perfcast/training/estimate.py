@@ -29,7 +29,12 @@ from perfcast.training.chunks import (
     collective_task,
     tiers_for,
 )
-from perfcast.training.graph import ADAM_FLOPS_PER_PARAM, PARAM_BYTES, forward_graph
+from perfcast.training.graph import (
+    ADAM_FLOPS_PER_PARAM,
+    ATTENTION_OPS,
+    PARAM_BYTES,
+    forward_graph,
+)
 from perfcast.training.layout import TrainingLayout, check_layout
 from perfcast.training.memory import DeviceMemory, most_loaded, rank_memory
 from perfcast.workload import Batch, MemoryFacts, ModelSpec, ParallelPlan, Precision, TaskGraph
@@ -236,6 +241,41 @@ def contended(costed: CostedGraph, system: System) -> CostedGraph:
     return replace(costed, tasks=tuple(out))
 
 
+def attention_backward_at_forward_efficiency(backward: CostedGraph, forward: CostedGraph
+                                             ) -> CostedGraph:
+    """An attention core's backward (`attention_backward`: the roofline of its 2.5 x
+    forward FLOPs, no measured backward kernels) is priced at no better efficiency than
+    the resolver's answer for its own forward: latency = max(roofline, forward latency
+    less its launch x hardware FLOP ratio + launch). FlashAttention-2's backward kernel
+    reaches up to 63% of the A100's peak, its forward up to 73% (Dao 2023, arXiv
+    2307.08691, section 4.1, Figures 5-6: in every setting there the backward runs fewer
+    FLOP/s than the forward), so the forward's efficiency is an optimistic bound for it."""
+    fwd = forward.by_lineage()
+    out, changed = [], False
+    for ct in backward.tasks:
+        t = ct.task
+        f = fwd.get(str(t.attributes.get("backward_of", "")))
+        if (t.operation.endswith("_backward") and f is not None
+                and f.task.operation in ATTENTION_OPS and f.task.work.flops > 0):
+            est = ct.resolution.estimate
+            f_est = f.resolution.estimate
+            ratio = t.work.flops / f.task.work.flops
+            launch = float(est.components.get("launch_s", 0.0))
+            scaled = (f_est.latency_s - float(f_est.components.get("launch_s", 0.0))) \
+                * ratio + launch
+            if scaled > est.latency_s * (1 + 1e-9):  # not a rounding difference
+                comps = dict(est.components)
+                comps["forward_efficiency_s"] = scaled - est.latency_s
+                est = replace(est, latency_s=scaled, components=FrozenDict(comps),
+                              assumptions=(*est.assumptions,
+                                           f"at the efficiency of its forward "
+                                           f"({f_est.provider}): {ratio:g} x its latency"))
+                ct = replace(ct, resolution=replace(ct.resolution, estimate=est))
+                changed = True
+        out.append(ct)
+    return replace(backward, tasks=tuple(out)) if changed else backward
+
+
 def _pass_time(costed: CostedGraph, system: System) -> PassTime:
     tl = schedule_plan([costed], system, PlanOptions())
     path = [tl.tasks[i] for i in tl.critical_path]
@@ -315,7 +355,11 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
                      seq_length=request.seq_length, moe=moe)
     plan = training_plan(lay, moe)
     batch = microbatch_batch(lay, request.micro_batch_size, request.seq_length, plan.dp)
-    graph = forward_graph(model, plan, batch, precision)
+    # with the embedding / loss accounted for in the pipeline split the graph is cut over
+    # their slots too; `build_chunk` then drops the layer a slot stands for
+    slots = lay.pipeline_slots(model.num_layers)
+    graph = forward_graph(model if slots == model.num_layers
+                          else replace(model, num_layers=slots), plan, batch, precision)
     tiers = tiers_for(system, lay)
     from perfcast.workload.families.gpt import ATTN_DROPOUT_KEYS, dropout_p
 
@@ -333,8 +377,9 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
         key = _signature(c)
         if key not in by_sig:
             fwd = contended(cost_graph(c.forward, system.name, resolver, ctx), system)
-            bwd = contended(cost_graph(c.backward, system.name, resolver, ctx), system)
-            bdp = contended(cost_graph(c.backward_dp, system.name, resolver, ctx), system)
+            bwd, bdp = (contended(attention_backward_at_forward_efficiency(
+                cost_graph(g, system.name, resolver, ctx), fwd), system)
+                for g in (c.backward, c.backward_dp))
             by_sig[key] = ChunkCosts(fwd, bwd, bdp, _pass_time(fwd, system),
                                      _pass_time(bwd, system), _pass_time(bdp, system))
         costs.append(by_sig[key])

@@ -73,7 +73,7 @@ def chunk_forward_tasks(graph: TaskGraph, chunk: int, last: bool) -> list[Task]:
     tasks = [t for t in graph.tasks if t.stage == chunk]
     drop = {t.lineage for t in tasks if t.operation in DROPPED_OPERATIONS
             or t.group in DROPPED_GROUPS}
-    kept = _drop(tasks, drop)
+    kept = drop_tasks(tasks, drop)
     present = {t.lineage for t in kept}
     out = [replace(t, stage=0, deps=tuple(d for d in t.deps if d in present)) for t in kept]
     if last:
@@ -81,7 +81,7 @@ def chunk_forward_tasks(graph: TaskGraph, chunk: int, last: bool) -> list[Task]:
     return out
 
 
-def _drop(tasks: list[Task], drop: set[str]) -> list[Task]:
+def drop_tasks(tasks: list[Task], drop: set[str]) -> list[Task]:
     """Remove `drop`; who depended on a removed task depends on its deps instead."""
     deps_of = {t.lineage: t.deps for t in tasks}
 

@@ -39,6 +39,13 @@ class TrainingLayout:
     sequence_parallel: bool = False
     recompute: str = "none"
     zero_stage: int = 0
+    # Megatron-LM --account-for-embedding-in-pipeline-split / --account-for-loss-in-
+    # pipeline-split (get_num_layers_to_build, megatron/core/transformer/
+    # transformer_block.py at d98e8a64): the input embedding (the loss) takes one layer
+    # slot when the layers are cut into pp x V chunks, so the first (last) chunk builds one
+    # transformer layer fewer
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for name, flag in (("tp", "--tp-size"), ("pp", "--pp-size"), ("dp", "--dp-size"),
@@ -64,6 +71,12 @@ class TrainingLayout:
     def chunks(self) -> int:
         """Model chunks (virtual pipeline stages) over all pipeline ranks."""
         return self.pp * self.virtual_pipeline
+
+    def pipeline_slots(self, num_layers: int) -> int:
+        """Layer slots cut into the pp x V chunks: the layers, plus the embedding and the
+        loss where they are accounted for in the split."""
+        return (num_layers + int(self.account_for_embedding_in_pipeline_split)
+                + int(self.account_for_loss_in_pipeline_split))
 
     @property
     def data_ranks(self) -> int:
@@ -96,12 +109,15 @@ def check_layout(layout: TrainingLayout, model, *, global_batch_size: int,
     _positive(micro_batch_size, "--micro-batch-size")
     _positive(seq_length, "--seq-length")
     lay = layout
-    if model.num_layers % lay.chunks:
+    slots = lay.pipeline_slots(model.num_layers)
+    if slots % lay.chunks:
         what = (f"pp x virtual pipeline = {lay.pp} x {lay.virtual_pipeline} = {lay.chunks}"
                 if lay.virtual_pipeline > 1 else f"pp = {lay.pp}")
-        raise ConfigError(f"num_hidden_layers={model.num_layers} is not divisible by {what}",
+        layers = f"num_hidden_layers={model.num_layers}" + (
+            f" + the embedding and loss slots = {slots}" if slots != model.num_layers else "")
+        raise ConfigError(f"{layers} is not divisible by {what}",
                           field="--virtual-pipeline-size" if lay.virtual_pipeline > 1
-                          else "--pp-size", expected=f"a divisor of {model.num_layers}")
+                          else "--pp-size", expected=f"a divisor of {slots}")
     if model.num_heads % lay.tp:
         raise ConfigError(f"num_attention_heads={model.num_heads} is not divisible by "
                           f"tp={lay.tp}", field="--tp-size",

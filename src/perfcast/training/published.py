@@ -21,7 +21,7 @@ from perfcast.core.errors import ConfigError
 GROUPS = ("validation", "held_out")
 # layout fields a row may assume where its source is silent
 ASSUMABLE = frozenset({"virtual_pipeline", "micro_batch", "recompute", "sequence_parallel",
-                       "zero_stage", "pipeline_layer_slots"})
+                       "zero_stage"})
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION_KERNELS = ("flash", "unfused")
 
@@ -79,6 +79,10 @@ class PublishedLayout:
     attention_kernel: str | None = None    # flash | unfused
     tp_comm_overlap: bool | None = None
     overlap_param_gather: bool | None = None  # ZeRO-1/2 parameter all-gather under the forward
+    # the embedding / the loss take a layer slot in the pipeline split (Megatron-LM
+    # --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)
+    account_for_embedding_in_pipeline_split: bool | None = None
+    account_for_loss_in_pipeline_split: bool | None = None
 
     @property
     def num_devices(self) -> int:
@@ -103,7 +107,7 @@ class PublishedRun:
     unverified: str = ""
     notes: str = ""
     # what the benchmark uses where the source is silent (virtual_pipeline, micro_batch,
-    # pipeline_layer_slots, ...), and `why`
+    # ...), and `why`
     assumed: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -256,7 +260,10 @@ def _layout(d: Any, source: str, where: str) -> PublishedLayout:
         attention_kernel=_get(d, "attention_kernel", str, source, where, optional=True),
         tp_comm_overlap=_get(d, "tp_comm_overlap", bool, source, where, optional=True),
         overlap_param_gather=_get(d, "overlap_param_gather", bool, source, where,
-                                  optional=True))
+                                  optional=True),
+        **{k: _get(d, k, bool, source, where, optional=True)
+           for k in ("account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split")})
     if lay.attention_kernel is not None and lay.attention_kernel not in ATTENTION_KERNELS:
         raise ConfigError(f"has value {lay.attention_kernel!r}", source=source,
                           field=f"{where}.attention_kernel",
