@@ -1,7 +1,11 @@
 """The fields of the real CANN 8.5 mapping that steer a lookup beyond kernel names:
 `project_full_shape`, `embedded_compute`, `embedded_communication`,
-`runtime_comm_variants`, `latency_policy`, `query_selection_policy`. Each changes the
-answer when present, and a malformed value is refused with the field named."""
+`runtime_comm_variants`, `latency_policy`, `query_selection_policy`,
+`tp_linear_projection`, `require_all_sub_kernels`, `degenerate_bmm_kernel_type`,
+`query_mode: mtp_projection`, `compute_subcategory`, `expected_input_formats`,
+`primary_kernel_type`. Each changes the answer when present (or is flagged by
+`profiling validate` where no perfcast path reads it), and a malformed value is refused
+with the field named."""
 
 import shutil
 from types import SimpleNamespace
@@ -284,3 +288,207 @@ def test_tp_linear_projection_looks_a_logical_dim_up_at_its_rank_shape(tmp_path,
 ])
 def test_a_malformed_tp_linear_projection_is_refused(rule, match):
     refused(lambda d: ops(d)[SQL].__setitem__("tp_linear_projection", rule), match)
+
+
+def table(*rows: str) -> str:
+    """A kernel CSV in the real per-kernel columns, one text per data row."""
+    return HEAD + ',"Average Duration(us)"\n' + "".join(r + "\n" for r in rows)
+
+
+# -- require_all_sub_kernels ---------------------------------------------------------------
+MLAPO_Q = "tensor_cast.mlapo_quant.default"
+CASES = REAL_MAPPING.parents[1] / "tensorcast"
+
+
+def tensorcast_call(case: str, operator: str):
+    """The first call of `operator` in a committed TensorCast dump, as an OpInvokeInfo."""
+    import json
+    doc = json.loads((CASES / f"{case}.json").read_text())
+    c = next(c for c in doc["calls"] if c["op"].removeprefix("torch.ops.") == operator)
+    return op(operator, [tuple(i) for i in c["inputs"]], [tuple(o) for o in c["outputs"]])
+
+
+def test_require_all_sub_kernels_turns_a_partial_composite_into_a_miss(tmp_path, a3):
+    from perfcast.evidence.profiling.data_source import QuerySource
+    from perfcast.evidence.profiling.decomposers import decompose_mlapo
+
+    # the mlapo call of a real DeepSeek-V3 TP8 decode, decomposed by perfcast's mlapo
+    # decomposer under the real mlapo_quant entry; rows for its two GEMMs only (the RmsNorm
+    # and KvRmsNormRopeCache sub-kernels have none)
+    call = tensorcast_call("deepseek_v3_decode_tp8", "tensor_cast.mlapo.default")
+    call = op(MLAPO_Q, call.inputs, call.outputs)
+    gemms = table('"4,7168;2112,7168",DT_BF16;DT_BF16,ND;ND,"4,2112",DT_BF16,ND,20',
+                  '"4,1536;3072,1536",DT_BF16;DT_BF16,ND;ND,"4,3072",DT_BF16,ND,10')
+
+    def lookup(edit):
+        db = database(tmp_path / str(id(edit)), edit, csvs=[("MatMulV2", gemms)])
+        return ProfilingDataSource(db, a3, ParallelPlan(tp=8),
+                                   decomposers={MLAPO_Q: decompose_mlapo}).lookup(call)
+    miss = lookup(None)
+    assert isinstance(miss, LookupMiss)
+    assert miss.reason == "sub_kernel_miss:RmsNorm,KvRmsNormRopeCache"
+    assert "require_all_sub_kernels" in miss.detail
+    partial = lookup(lambda d: ops(d)[MLAPO_Q].pop("require_all_sub_kernels"))
+    assert partial.source is QuerySource.PARTIAL and partial.latency_us == 30.0
+    refused(lambda d: ops(d)[MLAPO_Q].update(require_all_sub_kernels="yes"),
+            "mlapo_quant.default.require_all_sub_kernels")
+
+
+# -- degenerate_bmm_kernel_type ------------------------------------------------------------
+BMM = "aten.bmm.default"
+MUL = table('"1,32,1;1,1,2048",DT_BF16;DT_BF16,ND;ND,"1,32,2048",DT_BF16,ND,4',
+            '"1,32,2;1,2,2048",DT_BF16;DT_BF16,ND;ND,"1,32,2048",DT_BF16,ND,6')
+BMM_ROWS = table('"16,4,128;16,128,512",DT_BF16;DT_BF16,ND;ND,"16,4,512",DT_BF16,ND,8')
+
+
+def test_degenerate_bmm_kernel_type_answers_a_k1_bmm(tmp_path, a3):
+    def lookup(edit, k):
+        db = database(tmp_path / f"{id(edit)}{k}", edit,
+                      csvs=[("BatchMatMulV2", BMM_ROWS), ("Mul", MUL)])
+        return ProfilingDataSource(db, a3).lookup(
+            op(BMM, [((1, 32, k), BF), ((1, k, 2048), BF)], [((1, 32, 2048), BF)]))
+    # GLM-5's sampling bmm (1,32,1) @ (1,1,T) (the mapping's note) is priced by its Mul row
+    r = lookup(None, 1)
+    assert (r.details["kernel_type"], r.latency_us) == ("Mul", 4.0)
+    # without the field, or for K=2 (not degenerate), the bmm kernels alone are asked
+    assert lookup(lambda d: ops(d)[BMM].pop("degenerate_bmm_kernel_type"), 1).reason == \
+        "shape_mismatch"
+    assert lookup(None, 2).reason == "shape_mismatch"
+
+
+# -- query_mode: mtp_projection -----------------------------------------------------------
+def test_mtp_projection_looks_the_concat_projection_up_on_its_kernel(tmp_path, a3):
+    # the MTP block's eh_proj of DeepSeek-V3 under W8A8: (T, 2h) x (2h, h) -> (T, h)
+    call = op(SQL, [((8, 14336), "int8"), ((14336, 7168), "int8"), ((), "fp32"), ((), "fp32")],
+              [((8, 7168), BF)])
+    mm = table('"8,14336;7168,14336",DT_BF16;DT_BF16,ND;ND,"8,7168",DT_BF16,ND,25')
+    qbmm = table('"8,14336;224,896,16,32;7168;7168",INT8;INT8;FLOAT;FLOAT,'
+                 'ND;FRACTAL_NZ;ND;ND,"8,7168",DT_BF16,ND,40')
+
+    def lookup(edit=None, csvs=(("MatMulV2", mm), ("QuantBatchMatmulV3", qbmm)), c=call):
+        db = database(tmp_path / f"{id(edit)}{len(csvs)}{id(c)}", edit, csvs=csvs)
+        return ProfilingDataSource(db, a3, ParallelPlan(tp=1)).lookup(c)
+    r = lookup()
+    assert (r.details["kernel_type"], r.latency_us) == ("MatMulV2", 25.0)
+    assert r.details["query_mode"] == "mtp_projection"
+    assert r.shape_match_info.simulation_shapes == ((8, 14336), (14336, 7168))
+
+    def plain(d):
+        ops(d)[SQL].pop("query_mode")
+        ops(d)[SQL].pop("mtp_projection_kernel_type")
+    # without the fields, or without a MatMulV2 row, the quantised kernel answers
+    assert lookup(plain).details["kernel_type"] == "QuantBatchMatmulV3"
+    assert lookup(csvs=(("QuantBatchMatmulV3", qbmm),)).latency_us == 40.0
+    # a linear that is not 2H -> H never asks the projection kernel
+    other = op(SQL, [((8, 7168), "int8"), ((7168, 7168), "int8")], [((8, 7168), BF)])
+    rows = table('"8,7168;7168,7168",DT_BF16;DT_BF16,ND;ND,"8,7168",DT_BF16,ND,25')
+    assert isinstance(lookup(csvs=(("MatMulV2", rows),), c=other), LookupMiss)
+
+
+# -- compute_subcategory and expected_input_formats (--interpolate) ------------------------
+def interpolate(tmp_path, edit, csvs, call):
+    from perfcast.evidence.profiling.interpolating_data_source import InterpolatingDataSource
+
+    db = database(tmp_path / str(id(edit)), edit, csvs=csvs)
+    return InterpolatingDataSource(ProfilingDataSource(db, a3_system(), ParallelPlan(tp=1))
+                                   ).lookup(call)
+
+
+def a3_system():
+    from perfcast.hardware import load_system
+    return load_system("atlas_800_a3_752t_128g_die")
+
+
+def qbmm_row(m, weight, fmt, us):
+    return (f'"{m},7168;{weight};2048;2048",INT8;INT8;FLOAT;FLOAT,ND;{fmt};ND;ND,'
+            f'"{m},2048",DT_BF16,ND,{us}')
+
+
+# rows of a W8A8 linear (K 7168, N 2048): NZ weights (the stored layout) at M 4 and 16,
+# ND weights at M 6 and 12
+QBMM_RANGE = table(qbmm_row(4, "64,448,16,32", "FRACTAL_NZ", 10),
+                   qbmm_row(16, "64,448,16,32", "FRACTAL_NZ", 22),
+                   qbmm_row(6, "2048,7168", "ND", 30), qbmm_row(12, "2048,7168", "ND", 42))
+
+
+def test_quantized_matmul_interpolates_within_its_format_regime(tmp_path):
+    call = op(SQL, [((8, 7168), "int8"), ((7168, 2048), "int8"), ((), "fp32"), ((), "fp32")],
+              [((8, 2048), BF)])
+    csvs = [("QuantBatchMatmulV3", QBMM_RANGE)]
+    r = interpolate(tmp_path, None, csvs, call)
+    # the NZ rows only (expected_input_formats [ND, FRACTAL_NZ]): 10 + 12 * 4/12
+    assert r.latency_us == pytest.approx(14.0) and r.details["bracket"] == [4.0, 16.0]
+    assert r.details["interpolation_path"] == "quantized_matmul_1d"
+    # the formats are read: [ND, ND] brackets on the ND rows, 30 + 12 * 2/6
+    nd = interpolate(tmp_path / "nd", lambda d: ops(d)[SQL].update(
+        expected_input_formats=["ND", "ND"]), csvs, call)
+    assert nd.latency_us == pytest.approx(34.0)
+    # without a subcategory the first-dim path takes the nearest rows of any format
+    plain = interpolate(tmp_path / "p", lambda d: ops(d)[SQL].pop("compute_subcategory"),
+                        csvs, call)
+    assert plain.details["bracket"] == [6.0, 12.0]
+    # the regime includes the output dtype: an fp32 output has no rows
+    fp32 = op(SQL, call.inputs, [((8, 2048), "fp32")])
+    assert isinstance(interpolate(tmp_path / "f", None, csvs, fp32), LookupMiss)
+    # one format per matched input, else a miss that says so
+    short = interpolate(tmp_path / "s", lambda d: ops(d)[SQL].update(
+        expected_input_formats=["ND"]), csvs, call)
+    assert short.reason == "quantized_matmul_formats_mismatch"
+    refused(lambda d: ops(d)[SQL].update(expected_input_formats="ND"),
+            "static_quant_linear.default.expected_input_formats")
+
+
+DQ = "tensor_cast.dynamic_quantize_symmetric.default"
+# DynamicQuant rows in the real fixtures' layout: per-token FLOAT scales
+DQ_ROWS = table('"4,4096",DT_BF16,ND,"4,4096;4",INT8;FLOAT,ND;ND,5',
+                '"16,4096",DT_BF16,ND,"16,4096;16",INT8;FLOAT,ND;ND,9')
+
+
+def dq_call(scale, dtype=BF):
+    return op(DQ, [((8, 4096), dtype)], [((8, 4096), "int8"), (scale, "fp32")])
+
+
+def test_compute_scale_interpolates_rows_of_the_same_scale_mode(tmp_path):
+    csvs = [("DynamicQuant", DQ_ROWS)]
+    r = interpolate(tmp_path, None, csvs, dq_call((8,)))
+    assert r.latency_us == pytest.approx(5 + 4 * 4 / 12)
+    assert r.details["interpolation_path"] == "compute_scale_1d"
+    # TensorCast's own call returns a 0-d (per-tensor) scale: no per-token row answers it,
+    # nor an fp16 input the bf16 rows (the regime keeps them apart)
+    assert isinstance(interpolate(tmp_path / "t", None, csvs, dq_call(())), LookupMiss)
+    assert isinstance(interpolate(tmp_path / "h", None, csvs, dq_call((8,), "fp16")),
+                      LookupMiss)
+    # without the subcategory the first-dim path interpolates the per-tensor call anyway
+    plain = interpolate(tmp_path / "p", lambda d: ops(d)[DQ].pop("compute_subcategory"),
+                        csvs, dq_call(()))
+    assert plain.latency_us == pytest.approx(r.latency_us)
+    # an unknown subcategory is a miss that names it, and validate warns
+    bad = interpolate(tmp_path / "u", lambda d: ops(d)[DQ].update(compute_subcategory="scale"),
+                      csvs, dq_call((8,)))
+    assert bad.reason == "compute_subcategory_unknown" and "'scale'" in bad.detail
+
+
+# -- primary_kernel_type and the fields validate flags --------------------------------------
+def test_validate_flags_lookup_fields_no_path_reads(tmp_path, a3):
+    from perfcast.evidence.profiling.validate import validate_database
+
+    def edit(d):
+        ops(d)[DQ]["compute_subcategory"] = "scale"
+        ops(d)["aten.mm.default"]["expected_input_formats"] = ["ND", "ND"]
+        ops(d)["aten.mm.default"]["mtp_projection_kernel_type"] = "MatMulV2"
+        ops(d)["aten.mm.default"]["require_all_sub_kernels"] = True
+        ops(d)["tensor_cast.mlapo.default"]["require_all_sub_kernels"] = True
+    db = database(tmp_path, edit)
+    warned = {(i.where.removeprefix("operator_mappings."), i.message.split(" ")[0])
+              for i in validate_database(db).warnings}
+    assert {("tensor_cast.dsa_indexer.default", "primary_kernel_type"),
+            ("aten.mm.default", "require_all_sub_kernels"), (DQ, "compute_subcategory"),
+            ("aten.mm.default", "expected_input_formats"),
+            ("aten.mm.default", "mtp_projection_kernel_type")} <= warned
+    # mlapo has a decomposer: its require_all_sub_kernels is read, not flagged
+    assert ("tensor_cast.mlapo.default", "require_all_sub_kernels") not in warned
+    # the DSA indexer's lookup says why it has no answer
+    miss = ProfilingDataSource(db, a3).lookup(op("tensor_cast.dsa_indexer.default",
+                                                 [((4, 7168), BF)]))
+    assert miss.reason == "no_sub_kernels" and "primary_kernel_type LightningIndexer" in \
+        miss.detail

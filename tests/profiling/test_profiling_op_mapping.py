@@ -26,9 +26,10 @@ def test_real_mapping_loads():
     assert m.get("tensor_cast.matmul_all_reduce.default").sub_kernels[-1] == "hcom_allReduce_"
     assert m.get("aten.embedding.default").tc_input_count == 2
     assert m.get("aten.view.default").zero_cost
-    # fields the lookup does not read are kept, not rejected; tp_linear_projection is read
+    # fields the mapping parser does not type are kept in `extra`; the lookup fields are read
     sql = m.get("tensor_cast.static_quant_linear.default")
-    assert "expected_input_formats" in sql.extra and "tp_linear_projection" not in sql.extra
+    assert "decomposer_options" in m.get("tensor_cast.mlapo.default").extra
+    assert sql.expected_input_formats == ("ND", "FRACTAL_NZ") and sql.extra == {}
     assert sql.tp_linear_projection == ("input", (16384,))
     assert m.communication_data_ref == "../../hccl/v8.5/"
     assert m.interpolation_policy["kernel_overrides"]["FusedInferAttentionScore"] == {

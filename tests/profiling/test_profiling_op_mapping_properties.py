@@ -20,6 +20,7 @@ GOOD = {
     "bool": st.booleans(),
     "int": st.integers(1, 4),
     "list": st.lists(st.sampled_from(KERNELS), max_size=2),
+    "formats": st.lists(st.sampled_from(["ND", "FRACTAL_NZ"]), min_size=1, max_size=2),
 }
 ANY = st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=4), st.booleans(),
                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2),
@@ -29,6 +30,7 @@ op_names = st.sampled_from(["aten.mm.default", "aten.add.Tensor", "x.y.default",
 
 
 STR_FIELDS = {"kernel_type": st.sampled_from(KERNELS + [""]),
+              "degenerate_bmm_kernel_type": st.sampled_from(KERNELS + [""]),
               "accepted_miss": st.sampled_from(["", "no kernel"]), "notes": st.text(max_size=5)}
 
 

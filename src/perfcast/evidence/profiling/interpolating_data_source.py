@@ -3,7 +3,8 @@
 
 | path               | axis                                                   |
 |--------------------|--------------------------------------------------------|
-| compute            | first dim of the first input (all else exact)          |
+| compute            | first dim of the first input (all else exact), or the  |
+| (mtp_projection)   | M axis of the `compute_subcategory` regime (below)     |
 | attention special  | avg_seq_len                                            |
 | elementwise        | first dim of the output (dtype-byte scaling allowed)   |
 | decomposer         | each missed sub-kernel by its own path, then summed    |
@@ -31,15 +32,30 @@ a ConfigError naming the field; nothing in it is ignored (`interpolation_policy(
   exact, input shapes free). A primary kernel's setting also covers its alternates;
 * `allow_extrapolation: false` (top level or per kernel) is what perfcast does; `true`
   is refused. Any other field, and an operator-level `interpolation_policy`, is refused.
+
+An operator's `compute_subcategory` replaces the compute path's axis, as TensorCast's
+`_interpolate` does (its multi-axis searches reduced to perfcast's one axis):
+
+* `quantized_matmul` (`_interpolate_compute_multidim`, `_build_compute_target`): M from
+  the 2-D activation, K its width, N the 2-D output's; rows of the same regime (input
+  count, input dtypes, no batch dims, the input formats `expected_input_formats` names,
+  output count, output dtypes, ND outputs) with the query's K and N, bracketed on M;
+* `compute_scale` (`_interpolate_compute_scale`): M = the first input's leading dims'
+  product, K its last dim; rows whose quantised output has the input's shape and whose
+  other outputs give the same scale modes (per_tensor / per_token / per_channel /
+  per_block with its block size for DynamicBlockQuant), with the same input dtype
+  (fp16 and bf16 apart), ND input, output count, dtypes and ND formats, and the query's
+  K, bracketed on M;
+* any other value misses (`compute_subcategory_unknown`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from perfcast.core.dtypes import dtype_bytes
+from perfcast.core.dtypes import dtype_bytes, parse_dtype
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.profiling.data_source import (
     DataSourcePerformanceModel,
@@ -49,9 +65,17 @@ from perfcast.evidence.profiling.data_source import (
     QuerySource,
     ShapeMatchInfo,
 )
-from perfcast.evidence.profiling.kernel_csv import KernelRow, KernelTable, query_dtype
+from perfcast.evidence.profiling.kernel_csv import (
+    INPUT_DTYPES,
+    OUTPUT_DTYPES,
+    OUTPUT_FORMATS,
+    KernelRow,
+    KernelTable,
+    parse_list,
+    query_dtype,
+)
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
-from perfcast.evidence.profiling.op_mapping import OpMapping
+from perfcast.evidence.profiling.op_mapping import COMPUTE_SUBCATEGORIES, OpMapping, OperatorMapping
 from perfcast.evidence.profiling.profiling_data_source import ProfilingDataSource
 from perfcast.evidence.profiling.query_paths.attention import (
     AVG_SEQ_COLUMNS,
@@ -69,7 +93,14 @@ from perfcast.evidence.profiling.query_paths.common import (
 from perfcast.evidence.profiling.query_paths.composite import lookup_decomposed, query_sub_kernel
 from perfcast.evidence.profiling.query_paths.elementwise import output_shape_matches
 from perfcast.evidence.profiling.residuals import confidence_of, line_details
-from perfcast.evidence.profiling.shape_rules import match_inputs, strip_batch_dim
+from perfcast.evidence.profiling.shape_rules import (
+    DEFAULT_RULE,
+    KERNEL_RULES,
+    RELAXED_DTYPE_GROUPS,
+    fractal_nz_to_nd,
+    match_inputs,
+    strip_batch_dim,
+)
 
 TRANSFORMS: dict[str, Callable[[float], float]] = {"linear": float, "sqrt_seq": math.sqrt}
 # policy spellings -> TRANSFORMS keys (TensorCast accepts `sqrt` for `sqrt_seq`)
@@ -178,6 +209,79 @@ def numel_shape(shape: Shape) -> Shape:
 
 Shape = tuple[int, ...]
 Point = tuple[float, float, KernelTable, KernelRow]  # (x, latency_us, table, row)
+
+# matmul kernels whose operands keep their batch dims (TensorCast's _BATCHED_MATMUL_KERNELS)
+BATCHED_MATMULS = frozenset({"BatchMatMulV2", "BatchMatMulNd", "TransposeBatchMatMul",
+                             "QuantBatchMatmulV3"})
+
+
+def matmul_axes(kernel_type: str, shapes: Sequence[Shape]
+                ) -> tuple[int, int, int, tuple[Shape, Shape]] | None:
+    """(M, K, N, batch dims) of a matmul's (x, w) as TensorCast's
+    `_extract_matmul_axes_from_shapes` reads them: a leading 1 of a rank-3+ operand
+    dropped unless the kernel is batched, w as (K, N) or (N, K)."""
+    if len(shapes) < 2:
+        return None
+    lhs, rhs = tuple(shapes[0]), tuple(shapes[1])
+    if kernel_type not in BATCHED_MATMULS:
+        lhs, rhs = (x[1:] if len(x) >= 3 and x[0] == 1 else x for x in (lhs, rhs))
+    if len(lhs) < 2 or len(rhs) < 2:
+        return None
+    m, k = lhs[-2], lhs[-1]
+    if rhs[-2] == k:
+        n = rhs[-1]
+    elif rhs[-1] == k:
+        n = rhs[-2]
+    else:
+        return None
+    return m, k, n, (lhs[:-2], rhs[:-2])
+
+
+def dtype_key(kernel_type: str, dtype: str | None) -> str | None:
+    """A dtype as a regime compares it: the kernels with relaxed dtypes treat each group
+    of RELAXED_DTYPE_GROUPS as one (TensorCast's `_dtype_key`)."""
+    if dtype is not None and KERNEL_RULES.get(kernel_type, DEFAULT_RULE).relaxed_dtype:
+        for group in RELAXED_DTYPE_GROUPS:
+            if dtype in group:
+                return "|".join(sorted(group))
+    return dtype
+
+
+def exact_dtypes(text: str) -> tuple[str, ...]:
+    """A dtype cell with fp16 and bf16 kept apart (the compute_scale regime's; the other
+    paths read fp16 rows as bf16)."""
+    out = []
+    for t in parse_list(text):
+        try:
+            out.append(parse_dtype(t).value)
+        except ConfigError:
+            out.append(t.lower())
+    return tuple(out)
+
+
+def scale_mode(kernel_type: str, x: Shape, scale: Shape) -> tuple[str, int | None] | None:
+    """How a quantiser's auxiliary output `scale` covers its input `x` (TensorCast's
+    `_compute_scale_mode`): per_tensor (0-d), per_token (one per row of the leading
+    dims), per_channel (one per last-dim element), per_block with its block size
+    (DynamicBlockQuant); None if neither."""
+    if not x or min(x) <= 0 or any(d < 0 for d in scale) or math.prod(scale) <= 0:
+        return None
+    if not scale:
+        return "per_tensor", None
+    numel, tokens, channels = math.prod(scale), math.prod(x[:-1]), x[-1]
+    if kernel_type == "DynamicBlockQuant":
+        if len(scale) != 1 or numel > channels:
+            return None
+        return "per_block", -(-channels // numel)
+    if numel == tokens:
+        return "per_token", None
+    if numel == channels:
+        return "per_channel", None
+    return None
+
+
+def logical(shape: Shape, fmt: str) -> Shape:
+    return fractal_nz_to_nd(shape) if fmt == "FRACTAL_NZ" else tuple(shape)
 
 
 def bracket(points: Sequence[Point], x: float, transform: Callable[[float], float] = float
@@ -289,6 +393,104 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
             return None
         return _candidate(kt, "output_numel", x, found, points, self.transform_for(kt))
 
+    def subcategory_candidate(self, op: OpInvokeInfo, m: OperatorMapping
+                              ) -> Candidate | LookupMiss | None:
+        """The interpolation an operator's `compute_subcategory` selects (module doc)."""
+        if m.compute_subcategory == "quantized_matmul":
+            return self.quantized_matmul_candidate(op, m)
+        if m.compute_subcategory == "compute_scale":
+            return self.compute_scale_candidate(op, m)
+        sim = tuple(tuple(t.shape) for t in op.tensor_inputs())
+        return LookupMiss("compute_subcategory_unknown",
+                          f"{m.name}: compute_subcategory {m.compute_subcategory!r} is not one "
+                          f"of {', '.join(COMPUTE_SUBCATEGORIES)}",
+                          ShapeMatchInfo(sim, (), "compute_subcategory_unknown"))
+
+    def _bracket_m(self, kt: str, sub: str, points: list[Point], m: int) -> Candidate | None:
+        t = self.transform_for(kt)
+        found = bracket(points, float(m), TRANSFORMS[t])
+        if found is None:
+            return None
+        cand = _candidate(kt, "M", float(m), found, points, t)
+        return replace(cand, details={**cand.details, "compute_subcategory": sub,
+                                      "interpolation_path": f"{sub}_1d"})
+
+    def quantized_matmul_candidate(self, op: OpInvokeInfo, m: OperatorMapping
+                                   ) -> Candidate | LookupMiss | None:
+        ins = tc_inputs(op, m.tc_input_count)
+        if len(ins) < 2 or not op.outputs:
+            return None
+        x, out = ins[0][0], tuple(op.outputs[0].shape)
+        if len(x) != 2 or len(out) != 2 or x[0] != out[0] or min(*x, *out) <= 0:
+            return None
+        count = m.tc_input_count if m.tc_input_count is not None else len(ins)
+        formats = m.expected_input_formats
+        if len(formats) != count:
+            reason = "quantized_matmul_formats_mismatch"
+            return LookupMiss(reason, f"{m.name}: expected_input_formats {list(formats)} for "
+                              f"{count} matched inputs", ShapeMatchInfo(shapes_of(ins), (), reason))
+        out_dtypes = tuple(query_dtype(t.dtype) for t in op.outputs)
+        for kt in m.kernel_types:
+            table = self.base.tables.get(kt)
+            rule = KERNEL_RULES.get(kt, DEFAULT_RULE)
+            if table is None or not rule.weight_transpose or not self.kernel_policy(kt).enabled:
+                continue
+            want = tuple(dtype_key(kt, d) for _, d in ins[:count])
+            points: list[Point] = []
+            for row in table.rows:
+                shapes, fmts = row.input_shapes[:count], row.input_formats[:count]
+                if len(shapes) != count or tuple(fmts) != formats or tuple(
+                        dtype_key(kt, d) for d in row.input_dtypes[:count]) != want:
+                    continue
+                axes = matmul_axes(kt, [logical(sh, f) for sh, f in zip(shapes, fmts)])
+                if axes is None or axes[3] != ((), ()) or (axes[1], axes[2]) != (x[1], out[1]):
+                    continue
+                outs = row.output_shapes
+                if (tuple(row.output_dtypes) != out_dtypes or len(outs) != len(out_dtypes)
+                        or parse_list(row.text(OUTPUT_FORMATS)) != ["ND"] * len(outs)):
+                    continue
+                points.append((float(axes[0]), row.latency_us, table, row))
+            cand = self._bracket_m(kt, "quantized_matmul", points, x[0])
+            if cand is not None:
+                return cand
+        return None
+
+    def compute_scale_candidate(self, op: OpInvokeInfo, m: OperatorMapping
+                                ) -> Candidate | None:
+        ins = op.tensor_inputs()
+        if not ins or len(op.outputs) < 2:
+            return None
+        x = tuple(ins[0].shape)
+        if not x or min(x) <= 0 or tuple(op.outputs[0].shape) != x:
+            return None
+        in_dt = parse_dtype(ins[0].dtype).value
+        out_dts = tuple(parse_dtype(t.dtype).value for t in op.outputs)
+        tokens, k = math.prod(x[:-1]), x[-1]
+        for kt in m.kernel_types:
+            table = self.base.tables.get(kt)
+            if table is None or not self.kernel_policy(kt).enabled:
+                continue
+            modes = [scale_mode(kt, x, tuple(t.shape)) for t in op.outputs[1:]]
+            if None in modes:
+                continue
+            points: list[Point] = []
+            for row in table.rows:
+                if not row.input_shapes or row.input_formats[0] != "ND":
+                    continue
+                row_x, outs = tuple(row.input_shapes[0]), row.output_shapes
+                row_dt = exact_dtypes(row.text(INPUT_DTYPES))[:1]
+                if (len(outs) != len(out_dts) or tuple(outs[0]) != row_x or row_x[-1] != k
+                        or parse_list(row.text(OUTPUT_FORMATS)) != ["ND"] * len(outs)
+                        or [dtype_key(kt, d) for d in row_dt] != [dtype_key(kt, in_dt)]
+                        or exact_dtypes(row.text(OUTPUT_DTYPES)) != out_dts
+                        or [scale_mode(kt, row_x, tuple(o)) for o in outs[1:]] != modes):
+                    continue
+                points.append((float(math.prod(row_x[:-1])), row.latency_us, table, row))
+            cand = self._bracket_m(kt, "compute_scale", points, tokens)
+            if cand is not None:
+                return cand
+        return None
+
     def attention_candidate(self, kernel_types: Sequence[str], p: AttentionParams
                             ) -> Candidate | None:
         for kt in kernel_types:
@@ -376,11 +578,19 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
             cand = self.elementwise_candidate(m.kernel_type, out, query_dtype(op.outputs[0].dtype))
             sim = (out,)
         elif m.query_mode not in ("attention_special", "moe_fused") and m.kernel_type:
-            # compute path (also elementwise ops without an output, unknown query modes)
+            # compute path (also elementwise ops without an output, mtp_projection after its
+            # exact lookup, unknown query modes); a compute_subcategory picks its own regime
             inputs = tc_inputs(op, m.tc_input_count)
-            cand = self.compute_candidate(kernel_list(m, inputs=inputs), inputs, m.tc_input_count,
-                                          [tuple(t.shape) for t in op.outputs], m.kernel_type)
             sim = shapes_of(inputs)
+            if m.compute_subcategory:
+                found = self.subcategory_candidate(op, m)
+                if isinstance(found, LookupMiss):
+                    return found
+                cand = found
+            else:
+                cand = self.compute_candidate(kernel_list(m, inputs=inputs), inputs,
+                                              m.tc_input_count,
+                                              [tuple(t.shape) for t in op.outputs], m.kernel_type)
         if cand is None:
             return exact
         details = {"kernel_type": cand.kernel_type, **cand.details}

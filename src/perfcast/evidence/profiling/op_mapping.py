@@ -20,7 +20,7 @@ from perfcast.core.errors import ConfigError
 
 MAPPING_FILE = "op_mapping.yaml"
 CATEGORIES = ("compute", "communication")
-QUERY_MODES = ("attention_special", "elementwise", "moe_fused")
+QUERY_MODES = ("attention_special", "elementwise", "moe_fused", "mtp_projection")
 COMM_PREFIX = "hcom_"
 
 # Metadata that is allowed at top level but not consumed by lookup.
@@ -52,6 +52,17 @@ class OperatorMapping:
     runtime_comm_variants: dict[str, dict] = field(default_factory=dict, compare=False)
     # TP shape contract of a linear (`parse_tp_projection`): (shard_axis, logical dims)
     tp_linear_projection: tuple[str, tuple[int, ...]] | None = None
+    # a decomposed composite with a sub-kernel miss has no measured answer (no PARTIAL)
+    require_all_sub_kernels: bool = False
+    # kernel of a degenerate K=1 bmm (appended to the compute candidates)
+    degenerate_bmm_kernel_type: str = ""
+    # `query_mode: mtp_projection`: the kernel of the 2H -> H concat projection
+    mtp_projection_kernel_type: str = ""
+    # read by TensorCast's dsa_indexer decomposer (perfcast has none; validate flags it)
+    primary_kernel_type: str = ""
+    # interpolation regime (`COMPUTE_SUBCATEGORIES`) and the input formats it matches
+    compute_subcategory: str = ""
+    expected_input_formats: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -113,6 +124,13 @@ def _typed(value: Any, kind: str, source: str, fld: str) -> Any:
             raise ConfigError(f"has value {value!r}", source=source, field=fld,
                               expected="a list of kernel type names")
         return tuple(value)
+    if kind == "formats":
+        if not isinstance(value, list) or not value or not all(
+                isinstance(v, str) and v.strip() for v in value):
+            raise ConfigError(f"has value {value!r}", source=source, field=fld,
+                              expected="a list of tensor formats (ND, FRACTAL_NZ), one per "
+                                       "matched input")
+        return tuple(v.strip() for v in value)
     raise AssertionError(kind)
 
 
@@ -120,9 +138,14 @@ _FIELD_KINDS = {
     "kernel_type": "str", "alternate_kernel_types": "list", "category": "str",
     "query_mode": "str", "composite": "bool", "sub_kernels": "list", "decomposer": "bool",
     "tc_input_count": "int", "zero_cost": "bool", "accepted_miss": "str", "notes": "str",
+    "require_all_sub_kernels": "bool", "degenerate_bmm_kernel_type": "str",
+    "mtp_projection_kernel_type": "str", "primary_kernel_type": "str",
+    "compute_subcategory": "str", "expected_input_formats": "formats",
 }
 
-# TensorCast's values (profiling_data_source.py `_lookup_moe`, `_lookup_composite`)
+# TensorCast's values (profiling_data_source.py `_lookup_moe`, `_lookup_composite`;
+# interpolating_data_source.py `_interpolate` for the compute subcategories)
+COMPUTE_SUBCATEGORIES = ("compute_scale", "quantized_matmul")
 EMBEDDED_PROJECTIONS = ("residual_norm_from_activation", "routing_weight_cast")
 COMM_INTERPOLATIONS = ("alpha_beta", "bracket_linear")
 LATENCY_OPTIONS = {"prefer_profiling_rows", "profiling_core_envelope_fallback"}

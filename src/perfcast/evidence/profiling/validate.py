@@ -21,6 +21,7 @@ from perfcast.evidence.profiling.kernel_csv import (
 from perfcast.evidence.profiling.op_mapping import (
     CATEGORIES,
     COMM_PREFIX,
+    COMPUTE_SUBCATEGORIES,
     QUERY_MODES,
     OperatorMapping,
     load_op_mapping,
@@ -71,7 +72,47 @@ class ValidationReport:
 def _path_of(m: OperatorMapping) -> str:
     if m.category == "communication":
         return "communication"
+    if m.query_mode == "mtp_projection":  # the compute path with a projection kernel first
+        return "compute"
     return m.query_mode if m.query_mode in QUERY_MODES else "compute"
+
+
+def _unread_fields(m: OperatorMapping, decomposers) -> list[str]:
+    """Warnings for the lookup fields set where no perfcast path reads them."""
+    out = []
+    compute = not (m.composite or m.zero_cost or m.accepted_miss) and _path_of(m) == "compute"
+    if m.require_all_sub_kernels and not (m.composite and m.name in decomposers):
+        out.append("require_all_sub_kernels is read only for a composite perfcast "
+                   "decomposes; this entry has no registered decomposer")
+    if m.primary_kernel_type:
+        why = ("perfcast's decomposer for it does not read it" if m.name in decomposers
+               else "perfcast has no decomposer for it, so its lookups miss (no_sub_kernels)")
+        out.append(f"primary_kernel_type {m.primary_kernel_type!r} is read by TensorCast's "
+                   f"decomposer of this operator; {why}")
+    if m.degenerate_bmm_kernel_type and not compute:
+        out.append("degenerate_bmm_kernel_type is read only by the compute path")
+    if m.compute_subcategory and m.compute_subcategory not in COMPUTE_SUBCATEGORIES:
+        out.append(f"compute_subcategory {m.compute_subcategory!r} is not one of "
+                   f"{', '.join(COMPUTE_SUBCATEGORIES)}; `--interpolate` misses it "
+                   "(compute_subcategory_unknown)")
+    elif m.compute_subcategory and not compute:
+        out.append("compute_subcategory is read only by the compute path's interpolation")
+    if m.expected_input_formats and m.compute_subcategory != "quantized_matmul":
+        out.append("expected_input_formats is read only with compute_subcategory: "
+                   "quantized_matmul (its `--interpolate` regime)")
+    count = m.tc_input_count
+    if m.compute_subcategory == "quantized_matmul" and (
+            not m.expected_input_formats
+            or (count is not None and len(m.expected_input_formats) != count)):
+        out.append("compute_subcategory: quantized_matmul needs one expected_input_formats "
+                   f"entry per matched input (tc_input_count {count}); `--interpolate` misses "
+                   "it (quantized_matmul_formats_mismatch)")
+    mtp = m.query_mode == "mtp_projection"
+    if mtp != bool(m.mtp_projection_kernel_type):
+        out.append("query_mode: mtp_projection without mtp_projection_kernel_type: the "
+                   "compute path alone is used" if mtp else
+                   "mtp_projection_kernel_type is read only with query_mode: mtp_projection")
+    return out
 
 
 def _schema(m: OperatorMapping, decomposers) -> list[Issue]:
@@ -106,6 +147,8 @@ def _schema(m: OperatorMapping, decomposers) -> list[Issue]:
         err("kernel_type is required (unless composite, zero_cost or accepted_miss)")
     if m.alternate_kernel_types and _path_of(m) in ("elementwise", "moe_fused", "communication"):
         warn(f"alternate_kernel_types are not queried by the {_path_of(m)} path")
+    for msg in _unread_fields(m, decomposers):
+        warn(msg)
     return out
 
 
@@ -120,6 +163,10 @@ def _runtime_kernels(m: OperatorMapping, decomposers) -> list[tuple[str, str]]:
                 for k in m.sub_kernels]
     path = _path_of(m)
     kernels = m.kernel_types if path in ("compute", "attention_special") else m.kernel_types[:1]
+    if path == "compute":
+        extra = (m.mtp_projection_kernel_type if m.query_mode == "mtp_projection" else "",
+                 m.degenerate_bmm_kernel_type)
+        kernels = (*kernels, *(k for k in extra if k and k not in kernels))
     return [(k, path) for k in kernels]
 
 

@@ -12,7 +12,10 @@
   candidate kernels with its own input layout, in order); all hit -> MEASURED, some hit
   -> PARTIAL (latency of the hits; `details["missed_specs"]` are the sub-kernels without
   a row, which `EmpiricalPerformanceModel` prices with the analytic model; a miss in
-  metrics), none -> `sub_kernel_miss:<kernels>`.
+  metrics), none -> `sub_kernel_miss:<kernels>`. With the mapping's
+  `require_all_sub_kernels` (TensorCast's `_lookup_composite`: a visible MLAPO regime is
+  valid only when its whole kernel sequence resolves) any miss is
+  `sub_kernel_miss:<kernels>`, never PARTIAL.
 
 A composite's `rel_std` adds its sub-kernels' measured 1-sigmas in quadrature
 (`residuals.combine`); one unknown sub-kernel makes it unknown.
@@ -65,7 +68,13 @@ def mc2_message_bytes(op: OpInvokeInfo) -> int:
 def lookup_static_composite(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
                             ) -> QueryResult | LookupMiss:
     if not mapping.sub_kernels:
-        return LookupMiss("no_sub_kernels", f"{mapping.name} lists no sub_kernels")
+        detail = f"{mapping.name} lists no sub_kernels"
+        if mapping.decomposer:
+            detail += " and perfcast has no decomposer for it"
+            if mapping.primary_kernel_type:
+                detail += (" (TensorCast's decomposer reads primary_kernel_type "
+                           f"{mapping.primary_kernel_type})")
+        return LookupMiss("no_sub_kernels", detail)
     inputs = tc_inputs(op, mapping.tc_input_count)
     sim = shapes_of(inputs)
     compute = [k for k in mapping.sub_kernels if not k.startswith(COMM_PREFIX)]
@@ -180,6 +189,10 @@ def lookup_decomposed(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMap
         parts.append((found.latency_us, _sub_uncertainty(found, spec)))
     if missed and not hits:
         return LookupMiss("sub_kernel_miss:" + ",".join(missed), f"{mapping.name}")
+    if missed and mapping.require_all_sub_kernels:
+        return LookupMiss("sub_kernel_miss:" + ",".join(missed),
+                          f"{mapping.name}: require_all_sub_kernels, so the hits "
+                          f"{','.join(hits)} are not a PARTIAL answer")
     if missed:
         return QueryResult(
             latency_us=total, confidence=len(hits) / len(specs), source=QuerySource.PARTIAL,

@@ -1,6 +1,9 @@
 """Compute path: match input shapes, dtypes and formats against `{kernel_type}.csv`,
 trying `alternate_kernel_types` in order (after the kernels `kernel_types_by_input_rank`
-lists for the first input's rank)."""
+lists for the first input's rank), then `degenerate_bmm_kernel_type` for a K=1 bmm.
+
+`query_mode: mtp_projection` (TensorCast's `_lookup_mtp_projection`) first looks a 2H -> H
+concat projection up on `mtp_projection_kernel_type`, then falls back to this path."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from perfcast.evidence.profiling.data_source import (
     QuerySource,
     ShapeMatchInfo,
 )
+from perfcast.evidence.profiling.kernel_csv import query_dtype
 from perfcast.evidence.profiling.op_invoke import OpInvokeInfo
 from perfcast.evidence.profiling.op_mapping import OperatorMapping
 from perfcast.evidence.profiling.query_paths.common import (
@@ -78,8 +82,47 @@ def candidate_result(cand: Candidate, simulation_shapes: tuple[Shape, ...],
                                         cand.rule))
 
 
+def is_degenerate_bmm(inputs: Sequence[tuple[Shape, str]]) -> bool:
+    """A bmm (B, M, 1) x (B, 1, N): K = 1, an outer product CANN lowers to a broadcast
+    Mul. TensorCast's `_uses_glm5_sampling_bmm_mul` accepts only GLM-5's sampling shapes
+    (1, 32, 1) x (1, 1, T); perfcast any K=1 bmm (the Mul row must still match both
+    input shapes)."""
+    if len(inputs) < 2:
+        return False
+    (a, _), (b, _) = inputs[0], inputs[1]
+    return (len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == 1 and b[1] == 1
+            and min(a) > 0 and min(b) > 0)
+
+
+def lookup_mtp_projection(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
+                          ) -> QueryResult | None:
+    """`query_mode: mtp_projection`: a linear whose 2-D activation (T, 2H) is twice as
+    wide as its 2-D output (T, H), with a weight of dims {2H, H} (the MTP block's concat
+    projection, which vLLM-Ascend runs unquantised), is looked up on
+    `mtp_projection_kernel_type` with both inputs in the output's dtype; None (the
+    ordinary compute lookup follows) when the call has another shape or no row matches."""
+    ins = [(tuple(t.shape), t.dtype) for t in op.tensor_inputs()]
+    if len(ins) < 2 or not op.outputs:
+        return None
+    (x, _), (w, _) = ins[0], ins[1]
+    out = tuple(op.outputs[0].shape)
+    if (len(x) != 2 or len(w) != 2 or len(out) != 2 or x[0] != out[0]
+            or x[1] != 2 * out[1] or set(w) != {x[1], out[1]}):
+        return None
+    dt = query_dtype(op.outputs[0].dtype)
+    inputs = [(x, dt), (w, dt)]
+    found = find_compute_match(ctx, [mapping.mtp_projection_kernel_type], inputs, 2)
+    if isinstance(found, LookupMiss):
+        return None
+    return candidate_result(found, shapes_of(inputs), {"query_mode": "mtp_projection"})
+
+
 def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMapping
                    ) -> QueryResult | LookupMiss:
+    if mapping.query_mode == "mtp_projection" and mapping.mtp_projection_kernel_type:
+        projected = lookup_mtp_projection(ctx, op, mapping)
+        if projected is not None:
+            return projected
     if not mapping.kernel_type:
         return LookupMiss("unmapped", f"{mapping.name} has no kernel_type")
     inputs = tc_inputs(op, mapping.tc_input_count)
@@ -90,8 +133,11 @@ def lookup_compute(ctx: LookupContext, op: OpInvokeInfo, mapping: OperatorMappin
             return projected
         inputs = projected
     sim = shapes_of(inputs)
-    found = find_compute_match(ctx, kernel_list(mapping, inputs=inputs), inputs,
-                               mapping.tc_input_count)
+    kernels = kernel_list(mapping, inputs=inputs)
+    degenerate = mapping.degenerate_bmm_kernel_type
+    if degenerate and degenerate not in kernels and is_degenerate_bmm(inputs):
+        kernels.append(degenerate)
+    found = find_compute_match(ctx, kernels, inputs, mapping.tc_input_count)
     if isinstance(found, LookupMiss):
         return LookupMiss(found.reason, found.detail,
                           ShapeMatchInfo(sim, (), found.reason))
