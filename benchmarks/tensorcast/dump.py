@@ -58,6 +58,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "deepseek_v3_decode_w8a8_tp16_ep16": ("deepseek-ai/DeepSeek-V3", DECODE_8 + [
         "--quantize-linear-action", "W8A8_DYNAMIC", "--tp-size", "16", "--ep-size", "16",
         "--num-devices", "16"]),
+    "qwen3_30b_a3b_decode_w8a8_ep": ("Qwen/Qwen3-30B-A3B", DECODE_8 + [
+        "--quantize-linear-action", "W8A8_DYNAMIC", "--tp-size", "4", "--ep-size", "4",
+        "--num-devices", "4"]),
     "qwen3_30b_a3b_prefill_ep": ("Qwen/Qwen3-30B-A3B", PREFILL_512 + BF16 + [
         "--tp-size", "4", "--ep-size", "4", "--num-devices", "4"]),
     "qwen3_30b_a3b_decode_tp4": ("Qwen/Qwen3-30B-A3B", DECODE_8 + BF16 + [

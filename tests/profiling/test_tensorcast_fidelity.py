@@ -39,6 +39,7 @@ FLOORS = {
     "qwen3_30b_a3b_decode_ep": 1.0,
     "qwen3_30b_a3b_decode_ep_fused": 1.0,  # stack vllm-ascend-0.18 (dispatch_ffn_combine, MC2)
     "qwen3_30b_a3b_decode_tp4": 1.0,
+    "qwen3_30b_a3b_decode_w8a8_ep": 1.0,  # W8A8 EP: grouped_matmul_quant*, quantised rows
     "qwen3_30b_a3b_prefill_ep": 1.0,
     "qwen3_32b_decode_tp4": 1.0,
     "qwen3_32b_decode_tp4_mc2": 1.0,  # stack vllm-ascend-0.18 (matmul_all_reduce)

@@ -543,7 +543,7 @@ class InterpolatingDataSource(DataSourcePerformanceModel):
 
     def sub_kernel(self, spec) -> Candidate | LookupMiss:
         exact = query_sub_kernel(self.base, spec)
-        if isinstance(exact, Candidate):
+        if isinstance(exact, Candidate) or spec.query is not None:  # its query interpolates
             return exact
         if spec.attention is not None:
             cand = self.attention_candidate(spec.kernel_types, spec.attention)

@@ -157,6 +157,10 @@ class KernelRow:
     def output_dtypes(self) -> tuple[str | None, ...]:
         return self._outputs()[1]
 
+    @property
+    def output_formats(self) -> tuple[str, ...]:
+        return self._outputs()[2]
+
     def first_input_last_dim(self) -> int | None:
         """The last dim of the first (non-empty) input as the CSV writes it, read without
         parsing the row; None when it has none, is unreadable or is FRACTAL_NZ (restored

@@ -73,9 +73,9 @@ def _norm_quantises(b: GraphBuilder, group: str, kind: LayerKind) -> bool:
 
     if not separate_activation_quant(b, group):
         return False
-    if group == "attn.qkv_proj" and kind.mixer == "attention" and \
-            mla.MLA_FIELDS[0] in b.model.raw:
-        return not mla.mlapo_quantised(b)
+    if group == "attn.qkv_proj":
+        return not (kind.mixer == "attention" and mla.MLA_FIELDS[0] in b.model.raw
+                    and mla.mlapo_quantised(b))
     return not (kind.ffn == "moe" and moe_tensorcast.applies(b))
 
 

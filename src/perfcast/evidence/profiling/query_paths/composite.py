@@ -126,6 +126,8 @@ SubQuery = Callable[[object], "Candidate | LookupMiss"]
 
 
 def _query_layout(ctx: LookupContext, spec) -> Candidate | LookupMiss:
+    if spec.query is not None:  # an opaque kernel the decomposer queries by semantic key
+        return spec.query(ctx, spec)
     if spec.attention is not None:
         return query_attention(ctx, spec.kernel_types, spec.attention)
     inputs = spec.inputs
