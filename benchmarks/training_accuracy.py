@@ -48,13 +48,18 @@ APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2)
 #   physics     the analytic providers alone (roofline with the catalog's default
 #               efficiencies, alpha-beta collectives): `perfcast train --calibration none`
 #   calibrated  + the shipped calibration revision's analytic curves (fitted on H100/H200
-#               kernel tables, none for A100): what `perfcast train` uses by default
+#               kernel tables): what `perfcast train` uses by default; on a device the
+#               shipped revision has no curves for (A100), the revision of
+#               `--transfer-revision` (benchmarks/efficiency_transfer.py: the same GEMM
+#               curve declared for A100 after scoring it on Vidur's measured A100 GEMMs),
+#               as `perfcast train --calibration FILE` would use it
 #   evidence    + the public measured H100/H200 kernel tables (AIConfigurator, vLLM 0.24.0
 #               collection: cuBLAS bf16 GEMMs through torch.nn.functional.linear, FA3
 #               attention forward, NCCL collectives) asked first; A100 has none
 MODES = ("physics", "calibrated", "evidence")
 EVIDENCE_ROOT = ROOT / ".." / "shared" / "reference" / "aiconfigurator"
 EVIDENCE_RUNTIME = ("vllm", "0.24.0")
+TRANSFER_REVISION = ROOT / "benchmarks" / "data" / "calibration_a100_transfer.json"
 
 
 def model_spec(run):
@@ -116,7 +121,8 @@ def layout_for(run, *, virtual_pipeline: int | None = None):
 _CHAINS: dict = {}
 
 
-def provider_chain(mode: str, device: str, evidence_root: Path):
+def provider_chain(mode: str, device: str, evidence_root: Path,
+                   transfer_revision: Path | None = TRANSFER_REVISION):
     """(providers before the analytic ones, query context, evidence note) of a mode."""
     from dataclasses import replace
 
@@ -125,12 +131,17 @@ def provider_chain(mode: str, device: str, evidence_root: Path):
     from perfcast.core.frozen import FrozenDict
     from perfcast.evidence.contracts import CostQueryContext
 
-    key = (mode, device)
+    key = (mode, device, transfer_revision)
     if key in _CHAINS:
         return _CHAINS[key]
     providers, ctx, note = [], CostQueryContext(), ""
     if mode in ("calibrated", "evidence"):
         providers = list(calibrated_for(device, load_calibration("default")))
+        if not providers and transfer_revision is not None:
+            rev = load_calibration(str(transfer_revision))
+            providers = list(calibrated_for(device, rev))
+            if providers:
+                note = f"calibration {transfer_revision.name} ({rev.short}) for {device}"
     if mode == "evidence":
         folder = evidence_root / device
         if folder.is_dir():
@@ -151,7 +162,7 @@ def provider_chain(mode: str, device: str, evidence_root: Path):
             providers = [*ev.providers, *providers]
             note = f"AIConfigurator {device} tables, {EVIDENCE_RUNTIME[0]} {EVIDENCE_RUNTIME[1]}"
         else:
-            note = f"no kernel evidence for {device}"
+            note = "; ".join(x for x in (f"no kernel evidence for {device}", note) if x)
     _CHAINS[key] = (providers, ctx, note)
     return _CHAINS[key]
 
@@ -169,7 +180,8 @@ def answered_by(res) -> dict[str, float]:
 
 
 def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_ROOT,
-                 virtual_pipeline: int | None = None) -> dict:
+                 virtual_pipeline: int | None = None,
+                 transfer_revision: Path | None = TRANSFER_REVISION) -> dict:
     from perfcast.core.errors import PerfcastError
     from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
@@ -194,7 +206,8 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
         for key in ("attention_kernel", "overlap_grad_reduce", "tp_comm_overlap",
                     "overlap_param_gather"):
             out[key] = values[key]
-        providers, ctx, out["evidence"] = provider_chain(mode, run.device, evidence_root)
+        providers, ctx, out["evidence"] = provider_chain(mode, run.device, evidence_root,
+                                                         transfer_revision)
         system = load_system(run.device)
         req = TrainingRequest(model=model_spec(run), device=system, layout=layout,
                               global_batch_size=run.layout.global_batch,
@@ -358,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="analysis: set a layout field on every selected row (e.g. "
                          "sequence_parallel=true, tp_comm_overlap=false, virtual_pipeline=4)")
+    ap.add_argument("--transfer-revision", default=str(TRANSFER_REVISION),
+                    help="calibration revision for devices the shipped one has no curves "
+                         "for (`none`: those devices run on the catalog roofline)")
     ap.add_argument("--json", type=Path, help="write the per-row results and summary")
     ap.add_argument("--sweep-virtual-pipeline", action="store_true",
                     help="re-run the rows whose V is assumed with V = 1, 2, 4, 8")
@@ -369,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [override(r, args.override) for r in data.runs
             if args.group in ("all", r.group) and (not args.rows or r.id in args.rows)]
     t0 = time.perf_counter()
-    results = {m: [estimate_row(r, mode=m, evidence_root=args.evidence_root) for r in runs]
+    transfer = None if args.transfer_revision == "none" else Path(args.transfer_revision)
+    results = {m: [estimate_row(r, mode=m, evidence_root=args.evidence_root,
+                                transfer_revision=transfer) for r in runs]
                for m in args.modes}
     wall = time.perf_counter() - t0
     headline = args.modes[-1]
@@ -400,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             for v in (1, 2, 4, 8):
                 sweep.append({"v": v, **estimate_row(r, mode=headline,
                                                      evidence_root=args.evidence_root,
-                                                     virtual_pipeline=v)})
+                                                     virtual_pipeline=v,
+                                                     transfer_revision=transfer)})
         print(f"\nvirtual-pipeline sensitivity ({headline}; rows whose V the source does not "
               "give)")
         for row in sweep:

@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from perfcast.calibrate.revision import CalibrationPart, FittedParameter, make_part
+from perfcast.calibrate.revision import CalibrationPart, FittedParameter, make_part, plain
 from perfcast.core.dtypes import DType, dtype_bytes
 from perfcast.core.errors import ConfigError
 from perfcast.evidence.calibrated import (
@@ -655,16 +655,63 @@ def residual_spread(folds: Iterable[dict]) -> dict[str, dict]:
     """Per class, from the held-out log residuals log(pred / measured) of `folds`:
     rel_std (1.4826 x MAD of the log ratio, a robust sigma), the 10th/90th percentile
     of measured / predicted and the share within `WITHIN`."""
-    out = {}
-    for cls, r in _residuals(folds).items():
-        med = float(np.median(r))
-        out[cls] = {"records": int(len(r)),
-                    "log_std": round(float(1.4826 * np.median(np.abs(r - med))), 4),
-                    "median_log_ratio": round(med, 4),
-                    "ratio_p10": round(float(np.exp(-np.percentile(r, 90))), 4),
-                    "ratio_p90": round(float(np.exp(-np.percentile(r, 10))), 4),
-                    "within": round(float(np.mean(np.abs(np.expm1(r)) <= WITHIN)), 4)}
-    return out
+    return {cls: _spread(r) for cls, r in _residuals(folds).items()}
+
+
+def _spread(r: np.ndarray) -> dict:
+    med = float(np.median(r))
+    return {"records": int(len(r)),
+            "log_std": round(float(1.4826 * np.median(np.abs(r - med))), 4),
+            "median_log_ratio": round(med, 4),
+            "ratio_p10": round(float(np.exp(-np.percentile(r, 90))), 4),
+            "ratio_p90": round(float(np.exp(-np.percentile(r, 10))), 4),
+            "within": round(float(np.mean(np.abs(np.expm1(r)) <= WITHIN)), 4)}
+
+
+def transfer_part(part: CalibrationPart, obs: Observations, *,
+                  classes: Iterable[str] | None = None) -> CalibrationPart:
+    """`part` with its curves declared for the system of `obs` (one system the part was
+    not fitted on), nothing refitted: each class with at least `MIN_HELD_OUT` of that
+    system's records is scored on all of them (a leave-one-system-out fold whose
+    training side is the part's own systems), and the score is what
+    `CalibratedAnalyticProvider` reports there: `fitted_on.transfers.<system>` =
+    {from, evidence, classes, held_out, residual_spread}."""
+    systems = sorted(set(obs.system.tolist()))
+    if len(systems) != 1:
+        raise ConfigError(f"a transfer is checked on one system, got {systems}",
+                          field="system")
+    target = systems[0]
+    fitted = tuple(part.fitted_on.get("systems", ()))
+    if target in fitted:
+        raise ConfigError(f"part {part.name} was fitted on {target}: nothing to transfer",
+                          field="system")
+    values = part.values()
+    wanted = sorted(set(classes) if classes is not None else set(obs.cls.tolist()))
+    spread, held_out = {}, {}
+    for cls in wanted:
+        names = [f"efficiency.{cls}.{p.name}" for p in params_of(cls)]
+        sub = obs.take(obs.cls == cls)
+        if not all(n in values for n in names) or len(sub) < MIN_HELD_OUT:
+            if classes is not None:
+                raise InsufficientDataError(
+                    f"class {cls}: {len(sub)} {target} records (need {MIN_HELD_OUT}) or no "
+                    f"curve in part {part.name}", field=cls)
+            continue
+        pred = curve_latency_s(cls, [values[n] for n in names], sub.flops, sub.nbytes,
+                               sub.peak, sub.bw, sub.ideal_s)
+        spread[cls] = _spread(np.log(pred / sub.measured_s))
+        held_out[cls] = _short(error_stats(pred, sub.measured_s))
+    if not spread:
+        raise InsufficientDataError(f"no class of part {part.name} has {MIN_HELD_OUT} "
+                                    f"records of {target}", field="classes")
+    fitted_on = plain(part.fitted_on)
+    transfers = dict(fitted_on.get("transfers", {}))
+    transfers[target] = {"from": list(fitted), "evidence": sorted(set(obs.digests)),
+                         "classes": sorted(spread), "held_out": held_out,
+                         "residual_spread": spread}
+    fitted_on["transfers"] = transfers
+    return make_part(part.name, procedure=plain(part.procedure), parameters=part.parameters,
+                     fitted_on=fitted_on, cv=plain(part.cv))
 
 
 def _finite(x):

@@ -18,7 +18,10 @@ every cross-validation fold, low/high from its 10th/90th percentile ratios,
 A class that was not fitted (or was fitted but has no held-out score), a system the
 part was not fitted on, or a size more than `MARGIN_DECADES` outside the fitted range of
 log FLOPs or log bytes is a `Miss` with the reason, so the resolver falls through to
-the plain roofline / collective model. It belongs after the measured and interpolating
+the plain roofline / collective model. A part may declare its curves for another system
+(`fitted_on.transfers.<system>`, `perfcast.calibrate.efficiency.transfer_part`): there
+only the classes scored on that system's measured kernels answer, with that score as
+their spread. It belongs after the measured and interpolating
 providers and before the analytic ones:
 
     providers = [measured, interpolation,
@@ -190,6 +193,13 @@ class CalibratedAnalyticProvider:
         values = part.values()
         domain = part.fitted_on.get("domain", {})
         spread = part.cv.get("summary", {}).get("residual_spread", {})
+        # curves declared for a system the part was not fitted on (`transfer_part`): only
+        # the classes scored on that system's records, with that score as their spread
+        self.transfer = None if system.name in self.systems else \
+            part.fitted_on.get("transfers", {}).get(system.name)
+        if self.transfer is not None:
+            self.systems = (*self.systems, system.name)
+            spread = self.transfer.get("residual_spread", {})
         self.curves: dict[str, tuple[float, ...]] = {}
         self.domain: dict[str, Mapping] = {}
         self.spread: dict[str, Mapping] = {}
@@ -197,6 +207,8 @@ class CalibratedAnalyticProvider:
         for cls in domain:
             names = [f"efficiency.{cls}.{p.name}" for p in params_of(cls)]
             if not all(n in values for n in names):
+                continue
+            if self.transfer is not None and cls not in self.transfer.get("classes", ()):
                 continue
             if spread.get(cls, {}).get("log_std") is None:
                 self.unscored.add(cls)     # no held-out error: not answered (invariant 9)
@@ -301,7 +313,11 @@ class CalibratedAnalyticProvider:
             uncertainty=unc, components=FrozenDict(components),
             assumptions=(f"efficiency curve {cls} of calibration revision "
                          f"{self.revision_digest} (part {PART_NAME}); spread from its "
-                         "held-out residuals",),
+                         "held-out residuals",) + ((
+                             f"curve fitted on {', '.join(self.transfer.get('from', ()))}, "
+                             f"transferred to {self.system.name}: scored on "
+                             f"{spread.get('records', 0)} of its records",)
+                             if self.transfer is not None else ()),
             bottleneck=bottleneck, confidence=confidence,
             statistics=FrozenDict({"calibration_revision": self.revision_digest,
                                    "calibration_part": PART_NAME, "class": cls,
@@ -315,6 +331,7 @@ def calibrated_providers(system: System, revision) -> list:
     if revision is None:
         return []
     part = revision.part(PART_NAME)
-    if part is None or system.name not in tuple(part.fitted_on.get("systems", ())):
+    if part is None or (system.name not in tuple(part.fitted_on.get("systems", ()))
+                        and system.name not in part.fitted_on.get("transfers", {})):
         return []
     return [CalibratedAnalyticProvider(system, part, revision.digest)]
