@@ -276,3 +276,12 @@ def test_visible_kernels_are_all_or_nothing(a3, tmp_path):
     (db / "op_mapping.yaml").write_text(yaml.safe_dump(doc))
     r = ProfilingDataSource(db, a3, ParallelPlan(tp=8)).lookup(sp_call)
     assert r.source.name == "PARTIAL" and r.details["hit_kernels"] == ["RmsNorm"]
+
+
+def test_collect_grid_writes_no_row_for_the_opaque_kernel(a3, tmp_path):
+    # its row is keyed by Runtime columns (semantics the profiled server states), which a
+    # theory grid row cannot: the call is counted as needing a row the grid does not write
+    from perfcast.collect.query_rows import kernel_rows
+
+    ds = ProfilingDataSource(write_database(tmp_path, []), a3, ParallelPlan(tp=8))
+    assert kernel_rows(ds, call()) == ([], "opaque_kernel:mla_preprocess_0_mix_aic")

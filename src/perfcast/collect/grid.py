@@ -6,7 +6,8 @@ estimates look up (`query_grid_rows`): for every target model, layout (`tp_sizes
 decode `batch x context`) the task graph is built as `perfcast estimate` builds it, and
 each task's call is asked which kernel rows its lookup reads (`collect.query_rows`,
 through the mapping and the query paths). Only calls whose lookup needs no row (zero
-cost, accepted miss) or cannot have one (unmapped, no decomposer) write nothing; they
+cost, accepted miss) or cannot have one (unmapped, no decomposer, an opaque kernel keyed
+by runtime columns: `mlapo_quant`'s `mla_preprocess_0_mix_aic`) write nothing; they
 are counted in `GridResult.no_row`.
 
 A database without a mapping (torch-profiler kernels from `collect parse`) gets the

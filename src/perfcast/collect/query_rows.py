@@ -219,6 +219,8 @@ def _decomposed(ds: ProfilingDataSource, op: OpInvokeInfo, m: OperatorMapping, d
         # the candidate layout whose kernels have a CSV (the lookup's order), else the first
         cand = next((c for c in spec.candidates
                      if any(ds.tables.path_for(k) for k in c.kernel_types)), spec.candidates[0])
+        if cand.query is not None:  # keyed by Runtime columns a grid row cannot state
+            return [], f"opaque_kernel:{cand.kernel_type}"
         if cand.attention is not None:
             rows.append(attention_row(_kernel_with_csv(ds, cand.kernel_types), cand.attention))
             continue
