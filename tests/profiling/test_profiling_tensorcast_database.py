@@ -29,7 +29,9 @@ CASES = ["qwen3_8b_decode_tp1", "qwen3_8b_prefill_tp1", "qwen3_32b_decode_tp4",
          # MoE: routed experts as grouped matmuls over per-expert pieces (EP), as one
          # matmul per expert (EP1), and as vLLM-Ascend's DispatchFFNCombine
          "qwen3_30b_a3b_decode_ep", "qwen3_30b_a3b_prefill_ep", "qwen3_30b_a3b_decode_tp4",
-         "qwen3_235b_a22b_decode_ep8", "qwen3_30b_a3b_decode_ep_fused"]
+         "qwen3_235b_a22b_decode_ep8", "qwen3_30b_a3b_decode_ep_fused",
+         # W8A8 MoE: quantised rows into grouped_matmul_quant(_swiglu)
+         "qwen3_30b_a3b_decode_w8a8_ep"]
 # Operators a case may still miss: the calls no database under the real mapping answers
 # (`unanswerable_calls`), documented in docs/profiling.md ("A database of TensorCast's own
 # calls"): the RoPE tables' gathers, for which the mapping says the NPU runs no Index
