@@ -299,19 +299,36 @@ def _single(task: Task, graph: TaskGraph, system: System, resolver: CostResolver
     return cost_graph(g, system.name, resolver, context)
 
 
-def _adam_task(local_params: float, devices: int) -> Task:
-    """Adam over the parameters this device updates: reads the 16-bit gradient and the
-    fp32 master weight and two moments, writes those three and the 16-bit weight."""
+# The passes of Megatron-LM's mixed-precision optimizer step over the parameters a device
+# updates (Float16OptimizerWithFloat16Params.step, megatron/optimizer/optimizer.py at
+# de7dc40f88: copy the 16-bit gradients to fp32 main gradients, unscale them and check for
+# inf/nan (fp16 loss scaling only), their L2 norm for --clip-grad (default 1.0; the
+# conditional rescale is not counted), Adam (apex FusedAdam: reads master, gradient, m, v,
+# writes master, m, v), copy the fp32 master to the 16-bit weight; the distributed
+# optimizer runs the same passes over its shard): (name, bytes read, bytes written, FLOPs)
+# per parameter
+OPTIMIZER_PASSES = (("copy_grads", 2, 4, 0), ("unscale", 4, 4, 1), ("grad_norm", 4, 0, 2),
+                    ("adam", 16, 12, ADAM_FLOPS_PER_PARAM), ("copy_params", 4, 2, 0))
+
+
+def optimizer_tasks(local_params: float, devices: int, dtype: str) -> list[Task]:
+    """The optimizer step's passes (`OPTIMIZER_PASSES`) over `local_params` parameters; the
+    unscale pass only under fp16 (Megatron's grad scaler)."""
     n = max(1, int(local_params))
-    return Task(lineage="optimizer.adam", group="optimizer.adam",
-                operator="tensor_cast.adam_step.default", operation="optimizer_step",
-                kind=TaskKind.COMPUTE, inputs=(TensorSpec((n,), "fp32"),),
-                outputs=(TensorSpec((n,), "fp32"),),
-                work=Work(flops=ADAM_FLOPS_PER_PARAM * local_params, engine=Engine.VECTOR,
-                          compute_dtype="fp32", bytes_read=14.0 * local_params,
-                          bytes_written=14.0 * local_params,
-                          axes=FrozenDict({"numel": n, "tokens": n})),
-                devices=devices)
+    out = []
+    for name, read, written, flops in OPTIMIZER_PASSES:
+        if name == "unscale" and dtype != "fp16":
+            continue
+        out.append(Task(lineage=f"optimizer.{name}", group=f"optimizer.{name}",
+                        operator=f"tensor_cast.optimizer_{name}.default",
+                        operation="optimizer_step", kind=TaskKind.COMPUTE,
+                        inputs=(TensorSpec((n,), "fp32"),), outputs=(TensorSpec((n,), "fp32"),),
+                        work=Work(flops=flops * local_params, engine=Engine.VECTOR,
+                                  compute_dtype="fp32", bytes_read=read * local_params,
+                                  bytes_written=written * local_params,
+                                  axes=FrozenDict({"numel": n, "tokens": n})),
+                        deps=(out[-1].lineage,) if out else (), devices=devices))
+    return out
 
 
 def _flops(chunks: list[ChunkGraphs], per_chunk_scale: float) -> tuple[float, float]:
@@ -402,7 +419,7 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
     for d, t in _embedding_sync(graph, lay, tiers, system, resolver, ctx, chunks).items():
         dp_after[d] += t
     optimizer_s, gather_s, opt_costed = _optimizer(chunks, lay, graph, tiers, system,
-                                                   resolver, ctx)
+                                                   resolver, ctx, request.dtype)
     first_extra: list[float] = []
     first_gather: list[float] = []
     if request.overlap_param_gather:
@@ -479,7 +496,8 @@ def _embedding_sync(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system:
 
 
 def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, system: System,
-               resolver: CostResolver, ctx) -> tuple[list[float], list[float], list]:
+               resolver: CostResolver, ctx, dtype: str) -> tuple[list[float], list[float],
+                                                                list]:
     opt, gather, costed_all = [], [], []
     z = lay.zero_stage
     for d in range(lay.pp):
@@ -489,9 +507,10 @@ def _optimizer(chunks, lay: TrainingLayout, graph: TaskGraph, tiers: Tiers, syst
         local = (dense / lay.data_ranks + expert / lay.expert_data_ranks) if z >= 1 \
             else dense + expert
         devices = mine[0].forward.tasks[0].devices
-        costed = _single(_adam_task(local, devices), mine[0].forward, system, resolver, ctx)
-        costed_all.append(costed)
-        opt.append(costed.tasks[0].total_latency_s)
+        costed = [_single(t, mine[0].forward, system, resolver, ctx)
+                  for t in optimizer_tasks(local, devices, dtype)]
+        costed_all.extend(costed)
+        opt.append(sum(c.tasks[0].total_latency_s for c in costed))
         g = 0.0
         if z in (1, 2) and lay.data_ranks > 1:
             task = collective_task("dp.param_all_gather", "dp.param_all_gather", "all_gather",
