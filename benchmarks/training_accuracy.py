@@ -37,13 +37,15 @@ DEFAULTS = {"virtual_pipeline": 1, "micro_batch": 1, "recompute": "none",
             "attention_kernel": "flash", "tp_comm_overlap": False,
             "overlap_param_gather": False,  # Megatron-LM's default (arguments.py)
             "account_for_embedding_in_pipeline_split": False,
-            "account_for_loss_in_pipeline_split": False}
+            "account_for_loss_in_pipeline_split": False,
+            "gradient_accumulation_fusion": True}
 # fields that only apply to some layouts: not an assumption where they cannot matter
 # (the pipeline-split flags: off is what every Megatron-LM run without them did, layers
 # cut evenly; the flags date from ef490839e8 of 2025-02, default off: not an assumption)
 APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2),
            "account_for_embedding_in_pipeline_split": lambda values: False,
-           "account_for_loss_in_pipeline_split": lambda values: False}
+           "account_for_loss_in_pipeline_split": lambda values: False,
+           "gradient_accumulation_fusion": lambda values: False}
 # what answers the cost queries:
 #   physics     the analytic providers alone (roofline with the catalog's default
 #               efficiencies, alpha-beta collectives): `perfcast train --calibration none`
@@ -204,7 +206,7 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
         micro = values["micro_batch"]
         out["layout"], out["assumed"] = layout_label(layout, micro), assumed
         for key in ("attention_kernel", "overlap_grad_reduce", "tp_comm_overlap",
-                    "overlap_param_gather"):
+                    "overlap_param_gather", "gradient_accumulation_fusion"):
             out[key] = values[key]
         providers, ctx, out["evidence"] = provider_chain(mode, run.device, evidence_root,
                                                          transfer_revision)
@@ -217,7 +219,9 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
                               overlap_grad_reduce=values["overlap_grad_reduce"],
                               tp_comm_overlap=values["tp_comm_overlap"],
                               overlap_param_gather=values["overlap_param_gather"]
-                              and values["zero_stage"] in (1, 2))
+                              and values["zero_stage"] in (1, 2),
+                              gradient_accumulation_fusion=values[
+                                  "gradient_accumulation_fusion"])
         t0 = time.perf_counter()
         res = estimate_training(req, build_resolver(system, providers))
         out["wall_s"] = time.perf_counter() - t0

@@ -104,3 +104,15 @@ def test_pipeline_split_flags():
     assert json.loads(r.output)["step_time_s"] == json.loads(run(*args).output)["step_time_s"]
     bad = run("--num-devices", "8", "--pp-size", "4", "--dp-size", "2", *flags)
     assert bad.exit_code == 2 and "--pp-size" in bad.output and "26" in bad.output
+
+
+def test_no_gradient_accumulation_fusion_flag():
+    args = ("--num-devices", "8", "--dp-size", "8", "--format", "json", "--calibration", "none")
+    fused = json.loads(run(*args).output)
+    r = run(*args, "--no-gradient-accumulation-fusion")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["step_time_s"] == fused["step_time_s"]  # 16 / (2 x 8) = 1 microbatch
+    args = ("--num-devices", "2", "--dp-size", "2", "--format", "json", "--calibration", "none")
+    fused = json.loads(run(*args).output)
+    r = run(*args, "--no-gradient-accumulation-fusion")
+    assert json.loads(r.output)["step_time_s"] > fused["step_time_s"]  # 4 microbatches

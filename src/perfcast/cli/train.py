@@ -76,6 +76,10 @@ def train_command(
                                        "by bucket under the next step's first forward "
                                        "(Megatron --overlap-param-gather); default: after "
                                        "the optimizer, exposed")] = False,
+    no_gradient_accumulation_fusion: Annotated[bool, typer.Option(
+        "--no-gradient-accumulation-fusion",
+        help="add each microbatch's weight gradients into the accumulated ones in place "
+             "(Megatron-LM before 2022-02); default: accumulated inside the wgrad GEMMs")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table | json")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option(
         "--chrome-trace", help="write the pipeline schedule as a Chrome trace JSON (every "
@@ -124,7 +128,9 @@ def train_command(
                                   overlap_grad_reduce=not no_overlap_grad_reduce,
                                   tp_comm_overlap=tp_comm_overlap,
                                   overlap_param_gather=overlap_param_gather,
-                                  grad_bucket_params=ddp_bucket_size)
+                                  grad_bucket_params=ddp_bucket_size,
+                                  gradient_accumulation_fusion=(
+                                      not no_gradient_accumulation_fusion))
         result = estimate_training(request, resolver)
         warning = evidence_silence(_AllOps(result), layer, context)
         if warning:

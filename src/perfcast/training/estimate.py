@@ -32,6 +32,7 @@ from perfcast.training.chunks import (
 from perfcast.training.graph import (
     ADAM_FLOPS_PER_PARAM,
     ATTENTION_OPS,
+    GRAD_BYTES,
     PARAM_BYTES,
     forward_graph,
 )
@@ -83,6 +84,12 @@ class TrainingRequest:
     # megatron/training/arguments.py, `action='store_true', default=False`); False: one
     # all-gather after the optimizer step, exposed
     overlap_param_gather: bool = False
+    # weight gradients accumulated over the microbatches inside the wgrad GEMMs (Megatron-LM
+    # gradient_accumulation_fusion, on by default since 83b1e42f30 of 2022-02; Megatron-
+    # Core). False: autograd adds each microbatch's 16-bit weight gradient into `.grad` in
+    # place after the first (Megatron-LM of 2021, torch or local DDP without contiguous
+    # buffers: 2 + 2 bytes read, 2 written per parameter per microbatch)
+    gradient_accumulation_fusion: bool = True
 
 
 @dataclass(frozen=True)
@@ -434,15 +441,19 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
             first_gather = [a for a, _ in split]
             first_extra = [b for _, b in split]
             gather_s = [0.0] * lay.pp
+    accumulate = [0.0] * lay.chunks
+    if not request.gradient_accumulation_fusion and m > 1:
+        accumulate = _grad_accumulation_s(chunks, m, system, resolver, ctx)
     sched = schedule_training(lay.pp, m, lay.virtual_pipeline, PassCosts(
         forward_s=[cc.forward_time.makespan_s for cc in costs],
-        backward_s=[cc.backward_time.makespan_s for cc in costs], p2p_s=p2p_s,
+        backward_s=[cc.backward_time.makespan_s + a for cc, a in zip(costs, accumulate)],
+        p2p_s=p2p_s,
         dp_tail_s=tails,
         dp_every_microbatch=every, dp_after_s=dp_after, optimizer_s=optimizer_s,
         param_gather_s=gather_s, param_gather_first_s=first_gather,
         first_forward_extra_s=first_extra), full=full_schedule)
     ranks = rank_memory(chunks, lay, m, system.device.memory.capacity_bytes, p2p_bytes)
-    breakdown = _breakdown(sched, costs, lay, m, optimizer_s, first_extra)
+    breakdown = _breakdown(sched, costs, lay, m, optimizer_s, first_extra, accumulate)
     scale = request.global_batch_size / (request.micro_batch_size * plan.dp) * lay.cp
     model_flops, hw_flops = _flops(chunks, scale)
     peak = _peak(system, precision)
@@ -478,6 +489,32 @@ def _p2p(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
                        devices=first.forward.tasks[0].devices)
     costed = _single(task, first.forward, system, resolver, ctx)
     return message, costed.tasks[0].latency_s
+
+
+def _grad_accumulation_s(chunks: list[ChunkGraphs], m: int, system: System,
+                         resolver: CostResolver, ctx) -> list[float]:
+    """Per chunk, the time one backward pass spends adding its weight gradients into the
+    accumulated ones (`gradient_accumulation_fusion` off): an elementwise add over the
+    chunk's parameters (16-bit: reads both, writes the sum) in m - 1 of the m microbatches,
+    spread evenly over them."""
+    out = []
+    for c in chunks:
+        n = c.params + c.expert_params
+        if n <= 0:
+            out.append(0.0)
+            continue
+        k = max(1, int(n))
+        task = Task(lineage="bwd.grad_accumulate", group="bwd.grad_accumulate",
+                    operator="aten.add_.Tensor", operation="add", kind=TaskKind.COMPUTE,
+                    inputs=(TensorSpec((k,), "bf16"), TensorSpec((k,), "bf16")),
+                    outputs=(TensorSpec((k,), "bf16"),),
+                    work=Work(flops=n, engine=Engine.VECTOR, compute_dtype="bf16",
+                              bytes_read=2 * GRAD_BYTES * n, bytes_written=GRAD_BYTES * n,
+                              axes=FrozenDict({"numel": k, "tokens": k})),
+                    devices=c.forward.tasks[0].devices if c.forward.tasks else 1)
+        one = _single(task, c.forward, system, resolver, ctx).tasks[0].latency_s
+        out.append(one * (m - 1) / m)
+    return out
 
 
 def _embedding_sync(graph: TaskGraph, lay: TrainingLayout, tiers: Tiers, system: System,
@@ -595,8 +632,10 @@ def pipelined_gather_wait(gather_s: list[float], compute_s: list[float]) -> floa
 
 
 def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLayout,
-               m: int, optimizer_s: list[float], first_extra: list[float] = ()) -> dict:
-    """Time of the rank that finishes last, split so the parts add up to the step time."""
+               m: int, optimizer_s: list[float], first_extra: list[float] = (),
+               accumulate: list[float] = ()) -> dict:
+    """Time of the rank that finishes last, split so the parts add up to the step time
+    (the gradient accumulation adds count as backward)."""
     from perfcast.plan.training import training_order
 
     d = max(range(lay.pp), key=sched.rank_end_s)
@@ -611,7 +650,8 @@ def _breakdown(sched: TrainingSchedule, costs: list[ChunkCosts], lay: TrainingLa
             out["forward"] += compute
         else:
             out["recompute"] += pt.recompute_s
-            out["backward"] += compute - pt.recompute_s
+            out["backward"] += compute - pt.recompute_s \
+                + (accumulate[op.chunk] if accumulate else 0.0)
     wait = sched.param_gather_wait_s[d] if sched.param_gather_wait_s else 0.0
     if first_extra:
         # the first forward of each of the rank's chunks waiting for its later buckets

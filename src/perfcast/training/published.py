@@ -83,6 +83,9 @@ class PublishedLayout:
     # --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)
     account_for_embedding_in_pipeline_split: bool | None = None
     account_for_loss_in_pipeline_split: bool | None = None
+    # weight gradients accumulated inside the wgrad GEMMs (Megatron-LM since 2022-02);
+    # false: autograd's in-place add per microbatch (see TrainingRequest)
+    gradient_accumulation_fusion: bool | None = None
 
     @property
     def num_devices(self) -> int:
@@ -263,7 +266,7 @@ def _layout(d: Any, source: str, where: str) -> PublishedLayout:
                                   optional=True),
         **{k: _get(d, k, bool, source, where, optional=True)
            for k in ("account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split")})
+                     "account_for_loss_in_pipeline_split", "gradient_accumulation_fusion")})
     if lay.attention_kernel is not None and lay.attention_kernel not in ATTENTION_KERNELS:
         raise ConfigError(f"has value {lay.attention_kernel!r}", source=source,
                           field=f"{where}.attention_kernel",
