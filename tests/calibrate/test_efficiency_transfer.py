@@ -111,3 +111,21 @@ def test_refused_on_a_fitted_system_or_too_few_records(setup):
     object.__setattr__(fitted, "system", np.full(len(fitted), "h100_sxm"))
     with pytest.raises(ConfigError, match="nothing to transfer"):
         transfer_part(base, fitted)
+
+
+def test_shipped_transfer_revision_matches_the_shipped_curves():
+    """benchmarks/data/calibration_a100_transfer.json is the shipped revision with the A100
+    transfer added: regenerate it (benchmarks/efficiency_transfer.py) when the shipped
+    revision changes."""
+    from perfcast.calibrate.store import load_calibration
+
+    path = Path(__file__).parents[2] / "benchmarks" / "data" / "calibration_a100_transfer.json"
+    rev = load_calibration(str(path))
+    base = default_revision()
+    assert rev.part(PART_NAME).parameters == base.part(PART_NAME).parameters
+    assert [p.name for p in rev.parts] == [p.name for p in base.parts]
+    for p in base.parts:
+        if p.name != PART_NAME:
+            assert rev.part(p.name) == p
+    t = rev.part(PART_NAME).fitted_on["transfers"]["a100_sxm"]
+    assert list(t["classes"]) == ["gemm.bf16"]
