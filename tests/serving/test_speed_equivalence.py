@@ -40,9 +40,10 @@ def test_decode_run_head_equals_the_array_path_bit_for_bit(overlapped):
     for _ in range(400):
         requests = rng.choice([1, 3, 8, 17, 64, 100])
         context0 = rng.choice([0.5, 1.0, 7.0, 12.0, 383.25, 4095.5, 20000.0]) + rng.random()
-        steps = rng.choice([2, 3, 5, 40, 700])
+        steps = rng.choice([1, 2, 3, 5, 7, 40, 700])
         clock = rng.uniform(0.0, 50.0)
-        limit = clock + rng.uniform(-0.01, 0.2)
+        # no horizon: Engine._decode_run takes a run of up to RUN_HEAD_MAX steps whole
+        limit = clock + rng.uniform(-0.01, 0.2) if rng.random() < 0.7 else float("inf")
         head = m.decode_run_head(requests, context0, steps, clock, limit)
         expected = array_path(m, requests, context0, steps, clock, limit)
         if head is None:
@@ -101,3 +102,17 @@ def test_search_through_ray_equals_local_processes():
     ray = [candidate_json(c) for c in search(space, executor="ray")]
     assert len(local) == 6 and not any(c["error"] for c in local)
     assert ray == local
+
+
+def test_percentiles_equal_numpys_linear_percentile_bit_for_bit():
+    from perfcast.serving.metrics import percentiles
+
+    rng = np.random.default_rng(3)
+    qs = (0, 1, 25, 50, 66.7, 90, 99, 99.9, 100)
+    for trial in range(3000):
+        n = int(rng.integers(1, 200))
+        v = [rng.random(n) * 1e3, rng.integers(0, 4, n) * 0.37,
+             np.exp(rng.normal(size=n) * 5)][trial % 3]
+        assert percentiles(v, qs) == [float(p) for p in np.percentile(v, list(qs))]
+    with_nan = np.array([1.0, np.nan, 3.0])
+    assert np.isnan(percentiles(with_nan, (50,))[0])

@@ -30,7 +30,7 @@ from perfcast.serving.engines import POLICY_CLASSES
 from perfcast.serving.engines.base import EnginePolicy, Event, EventKind, Iteration, Role
 from perfcast.serving.explain import RequestPhases
 from perfcast.serving.requests import Request
-from perfcast.serving.step_cost import StepCostModel, StepShape
+from perfcast.serving.step_cost import RUN_HEAD_MAX, StepCostModel, StepShape
 
 __all__ = ["Engine", "EngineStats", "Event", "EventKind", "Iteration", "Role"]
 
@@ -116,15 +116,19 @@ class Engine:
         self._records = record_trace or self.policy.wants_iterations
         # the step model's short-run path (StepCostModel.decode_run_head), if it has one
         self._run_head = getattr(cost, "decode_run_head", None) if pipeline is None else None
+        # need_tokens' constants
+        self._prefill_role = self.role is Role.PREFILL
+        self._reserve_whole = not self.incremental or self._prefill_role
+        self._need_slack = kv.block_tokens - 1 + (0 if self._prefill_role else self.lookahead)
         # whether the policy caps decode runs (EnginePolicy.max_decode_steps: never)
         self._caps_runs = type(self.policy).max_decode_steps is not EnginePolicy.max_decode_steps
 
     # -- arrivals --------------------------------------------------------------------------
     def need_tokens(self, r: Request) -> int:
         """KV tokens reserved when `r` is admitted."""
-        slack = self.kv.block_tokens - 1 + (0 if self.role is Role.PREFILL else self.lookahead)
-        if not self.incremental or self.role is Role.PREFILL:
-            extra = 0 if self.role is Role.PREFILL else r.output_tokens - r.generated
+        slack = self._need_slack
+        if self._reserve_whole:   # not incremental, or a prefill worker
+            extra = 0 if self._prefill_role else r.output_tokens - r.generated
             return r.prefill_target + extra + slack
         return r.prefill_target + slack
 
@@ -255,8 +259,9 @@ class Engine:
             self.clock = max(self.clock, self.pending[0][0])
         self._take_arrivals()
         events: list[Event] = []
-        if self.incremental and self.n_decoding and \
-                self.kv_used + self._grown(self.n_decoding) > self.capacity:
+        n = self.n_decoding
+        if self.incremental and n and self.kv_used + (
+                n if self.tokens_per_step == 1.0 else n * self.tokens_per_step) > self.capacity:
             self._preempt_for_growth()
         chunks, decode = self.policy.plan()
         if not chunks and not decode:
@@ -269,10 +274,8 @@ class Engine:
                 self.clock = max(self.clock, self.pending[0][0])
             return events
         if chunks:
-            events += self._mixed_step(chunks, decode)
-        else:
-            events += self._decode_run(horizon_s)
-        return events
+            return self._mixed_step(chunks, decode)
+        return self._decode_run(horizon_s)
 
     def _mixed_step(self, chunks: list[tuple[Request, int]], decode: bool) -> list[Event]:
         n = self.n_decoding if decode else 0
@@ -319,8 +322,11 @@ class Engine:
     def _decode_run(self, horizon_s: float) -> list[Event]:
         n = self.n_decoding
         k = self.decoding[0][0] - self.counter
-        if self.incremental:
-            k = min(k, int((self.capacity - self.kv_used) // self._grown(n)))
+        if self.incremental:   # min(k, ... // self._grown(n)), inline
+            tps = self.tokens_per_step
+            room = int((self.capacity - self.kv_used) // (n if tps == 1.0 else n * tps))
+            if room < k:
+                k = room
         if self._caps_runs:
             cap = self.policy.max_decode_steps()
             if cap is not None:
@@ -333,9 +339,9 @@ class Engine:
             limit = min(limit, self.pending[0][0])
         head = None
         context = self.sum_ctx / n
-        if self._run_head is not None and limit < INF and k > 1:
+        if self._run_head is not None and (limit < INF or k <= RUN_HEAD_MAX):
             head = self._run_head(n, context, k, self.clock, limit)
-        if head is not None:   # a run cut short by the horizon, in plain floats (same values)
+        if head is not None:   # a short run (or one cut short), in plain floats (same values)
             durations, k = head, len(head)
         elif pipe is not None:   # iterations on the shared stages, reserved one by one
             durations = pipe.decode_run(self.clock, n, context, k, limit)
@@ -350,7 +356,10 @@ class Engine:
         total = run_sum(durations)
         # the shape only matters to a time split or an iteration record
         shape = StepShape(n, context) if self._split or self._records else None
-        self._account(start, total, shape, steps=k, kv_growth=self._grown(n * (k - 1) / 2))
+        growth = n * (k - 1) / 2   # self._grown of it, inline
+        if self.tokens_per_step != 1.0:
+            growth = growth * self.tokens_per_step
+        self._account(start, total, shape, steps=k, kv_growth=growth)
         end = start + total
         events = self._decode_tokens(end, steps=k, durations=durations, total=total)
         self.clock = end
@@ -366,11 +375,13 @@ class Engine:
         # previous decode iteration, then `steps - 1` more iterations for everyone
         st = self.stats
         measured_new = 0
-        for r in self.newcomers:
-            if r.measured:
-                measured_new += 1
-                st.itl_values.append(first_end - r.last_token_s)
-                st.itl_weights.append(1.0)
+        if self.newcomers:
+            for r in self.newcomers:
+                if r.measured:
+                    measured_new += 1
+                    st.itl_values.append(first_end - r.last_token_s)
+                    st.itl_weights.append(1.0)
+            self.newcomers = []
         measured_old = self.n_measured_decoding - measured_new
         if measured_old > 0:
             st.itl_values.append(first_end - self.last_decode_end)
@@ -379,12 +390,13 @@ class Engine:
             st.itl_values.extend(durations[1:] if type(durations) is list
                                  else durations[1:].tolist())
             st.itl_weights.extend([float(self.n_measured_decoding)] * (steps - 1))
-        self.newcomers = []
         self.counter += steps
-        self.sum_ctx += self._grown(n * steps)
+        tps = self.tokens_per_step   # self._grown(n * steps), inline
+        grown = n * steps if tps == 1.0 else n * steps * tps
+        self.sum_ctx += grown
         self.decode_clock += total
         if self.incremental:
-            self.kv_used += self._grown(n * steps)
+            self.kv_used += grown
         self.last_decode_end = end
         events: list[Event] = []
         while self.decoding and self.decoding[0][0] <= self.counter:
@@ -406,7 +418,9 @@ class Engine:
         st.busy_s += dt
         used = self.kv_used + kv_growth
         st.kv_token_seconds += used * dt
-        st.kv_peak_tokens = max(st.kv_peak_tokens, self.kv_used + (2 * kv_growth))
+        peak = self.kv_used + (2 * kv_growth)
+        if peak > st.kv_peak_tokens:   # max(), without the call
+            st.kv_peak_tokens = peak
         split = (0.0, 0.0, 0.0, 0.0)
         if self._split:
             fn = getattr(self.cost, "iteration_split", None)

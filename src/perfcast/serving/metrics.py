@@ -16,6 +16,7 @@ Definitions (those of benchmark_serving):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,14 +27,37 @@ from perfcast.serving.requests import Request
 STAT_KEYS = ("mean", "p50", "p90", "p99")
 
 
+def percentiles(values: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """`np.percentile(values, qs)` (its default linear method) of a 1-d float array
+    without NaNs, in the same float operations: numpy's own path imports `numpy.ma`
+    (~20 ms of a CLI call) to sort out masked arrays."""
+    if np.isnan(values).any():
+        return [float(p) for p in np.percentile(values, list(qs))]
+    s = np.sort(values).tolist()
+    n = len(s)
+    out = []
+    for q in qs:
+        virtual = (n - 1) * (q / 100)
+        if virtual >= n - 1:   # at or past the last value: numpy takes index -1 twice
+            prev = nxt = -1
+        else:
+            prev = math.floor(virtual)
+            nxt = prev + 1
+        t = virtual - prev
+        a, b = s[prev], s[nxt]
+        diff = b - a
+        out.append(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+    return out
+
+
 def summary_ms(values_s: Sequence[float] | np.ndarray,
                weights: Sequence[float] | np.ndarray | None = None) -> dict[str, float | None]:
     v = np.asarray(values_s, dtype=float) * 1e3
     if v.size == 0:
         return {k: None for k in STAT_KEYS}
     if weights is None:
-        p50, p90, p99 = np.percentile(v, [50, 90, 99])
-        return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+        p50, p90, p99 = percentiles(v, (50, 90, 99))
+        return {"mean": float(v.mean()), "p50": p50, "p90": p90, "p99": p99}
     w = np.asarray(weights, dtype=float)
     order = np.argsort(v)
     v, w = v[order], w[order]

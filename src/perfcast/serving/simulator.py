@@ -99,6 +99,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
                 r.frontend_wait_s = max(0.0, turn_end - seen_s)
                 seen_s = max(seen_s, turn_end)
             ev = e.submit(r, seen_s)
+            changed.append(e)
             if ev is not None:
                 handle(ev, e)
 
@@ -120,6 +121,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             r.last_token_s = arrive
             owner[r.rid] = d
             rej = d.submit(r, arrive)
+            changed.append(d)
             if rej is not None:
                 handle(rej, d)
             return
@@ -134,22 +136,33 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             finished.append(r)
         issue(client.on_finish(r, ev.time_s))
 
+    # an engine's next_time changes only when it advances or receives a request: those
+    # are recomputed, the others' are kept
+    changed: list[Engine] = []
+    position = {e: i for i, e in enumerate(everything)}
     issue(client.initial())
     inf = float("inf")
     count = len(everything)
+    times = [e.next_time() for e in everything]
+    changed.clear()
     for _ in range(max_iterations):
-        times = [e.next_time() for e in everything]
+        if changed:
+            for e in changed:
+                times[position[e]] = e.next_time()
+            changed.clear()
         if count == 2:   # the first earliest engine; the other's time bounds its step
             a, b = times
             i, earliest, horizon = (1, b, a) if b < a else (0, a, b)
         else:
             earliest = min(times)
             i = times.index(earliest)
-            times[i] = inf   # the others' earliest
-            horizon = min(times)
+            others = times.copy()
+            others[i] = inf   # the others' earliest
+            horizon = min(others)
         if earliest == inf:
             break
         engine = everything[i]
+        changed.append(engine)
         for ev in engine.advance(horizon):
             handle(ev, engine)
     else:  # pragma: no cover - safety net

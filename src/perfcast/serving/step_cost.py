@@ -219,6 +219,11 @@ class StepCostModel:
         cls = type(self)   # decode_run_head mirrors these two (not a subclass's own)
         self._run_head = interpolate and cls.decode_run_s is StepCostModel.decode_run_s \
             and cls.with_host is StepCostModel.with_host
+        # _decode_gpu_at mirrors these (not a subclass's own)
+        self._plain_decode = interpolate and all(
+            getattr(cls, name) is getattr(StepCostModel, name)
+            for name in ("attn_decode", "context_term", "_interp2", "_bilinear_terms",
+                         "_bracket", "gpu_s", "attn_decode_exact"))
 
     # -- exact terms (one costed graph per key) -----------------------------------------
     def _split(self, batch: Batch, context_tasks: bool) -> Part:
@@ -306,6 +311,10 @@ class StepCostModel:
 
     def _interp2(self, fn, x: float, y: float, *, y_with_zero: bool = False) -> Part:
         """Bilinear interpolation of `fn(x, y)` between the grid nodes bracketing x and y."""
+        return weighted_sum(self._bilinear_terms(fn, x, y, y_with_zero))
+
+    def _bilinear_terms(self, fn, x: float, y: float, y_with_zero: bool = False) -> list:
+        """(fn at a grid node, weight) of `_interp2`, nodes of weight 0 left out."""
         x0, x1, wx = self._bracket(x)
         y0, y1, wy = self._bracket(y, with_zero=y_with_zero)
         terms = []
@@ -316,7 +325,7 @@ class StepCostModel:
                 if b == 0.0:
                     continue
                 terms.append((fn(xi, yi), a * b))
-        return weighted_sum(terms)
+        return terms
 
     def body(self, tokens: int) -> Part:
         hit = self._terms.get(("ibody", tokens))
@@ -492,7 +501,6 @@ class StepCostModel:
             return None
         fixed, padded, host = self._decode_fixed(requests, context0)
         overlapped = self.overheads.host_overlapped
-        gpu_s = self.gpu_s
         ys = self._decode_ys.get(requests)
         if ys is None:
             ys = self._decode_ys[requests] = {}
@@ -505,7 +513,7 @@ class StepCostModel:
                 return None
             c = context0 + float(i)
             if steps <= 2:   # each step at its own context, as decode_run_s costs them
-                g = gpu_s(fixed + self.attn_decode(requests, c), padded)
+                g = self._decode_gpu_at(requests, c, fixed, padded)
             else:   # np.interp's formula on the grid segment of the context
                 x = c if c >= 1.0 else 1.0
                 j = bisect.bisect_right(_NODES, x) - 1
@@ -525,6 +533,24 @@ class StepCostModel:
             out.append(d)
             cum = d if i == 0 else cum + d
         return out
+
+    def _decode_gpu_at(self, requests: int, context: float, fixed: Part,
+                       padded: int | None) -> float:
+        """`gpu_s(fixed + attn_decode(requests, context), padded)` with the interpolation
+        of `context_term` / `weighted_sum` unrolled in floats for plain Parts (the same
+        operations in the same order; the communication share is not needed)."""
+        if not self._plain_decode or requests <= 0 or type(fixed) is not Part:
+            return self.gpu_s(fixed + self.attn_decode(requests, context), padded)
+        k = n = 0.0
+        for p, w in self._bilinear_terms(self.attn_decode_exact, requests,
+                                         context if context >= 1.0 else 1.0):
+            if type(p) is not Part:
+                return self.gpu_s(fixed + self.attn_decode(requests, context), padded)
+            k = k + p.kernel_s * w
+            n = n + p.kernels * w
+        ov = self.overheads
+        launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
+        return (fixed.kernel_s + k) + (fixed.kernels + n) * launch
 
     def _node_latency(self, requests: int, node: int, fixed: Part, padded: int | None) -> float:
         """GPU seconds of a decode-only iteration at a context grid node (decode_run_s's
