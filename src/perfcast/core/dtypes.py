@@ -83,9 +83,14 @@ def parse_dtype(value: str | DType, *, source: str | None = None, field: str | N
                           expected="one of " + ", ".join(d.value for d in DType)) from None
 
 
+# bytes by exact spelling (a DType member finds its value's entry: str enum, same hash)
+_BYTES_BY_NAME: dict[str, float] = {k: _BYTES[v] for k, v in ALIASES.items()}
+
+
 def dtype_bytes(dtype: str | DType) -> float:
     """Storage bytes per element (0.5 for 4-bit formats)."""
-    return _BYTES[parse_dtype(dtype)]
+    hit = _BYTES_BY_NAME.get(dtype)
+    return hit if hit is not None else _BYTES[parse_dtype(dtype)]
 
 
 def engine_dtype(dtype: str | DType) -> DType:

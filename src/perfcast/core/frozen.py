@@ -15,17 +15,38 @@ class FrozenDict(Mapping[K, V]):
     __slots__ = ("_data", "_hash")
 
     def __init__(self, data: Mapping[K, V] | None = None, /, **kwargs: V) -> None:
-        merged = dict(data or {})
-        merged.update(kwargs)
+        if type(data) is dict and not kwargs:   # the common case: no copy to merge into
+            merged = data
+        else:
+            merged = dict(data or {})
+            merged.update(kwargs)
         try:
-            items = sorted(merged.items(), key=lambda kv: kv[0])
+            keys = sorted(merged)   # keys are unique: the items' order by key
         except TypeError:
-            items = list(merged.items())
-        self._data: dict[K, V] = dict(items)
+            self._data: dict[K, V] = dict(merged)
+        else:
+            self._data = {k: merged[k] for k in keys}
         self._hash: int | None = None
 
     def __getitem__(self, key: K) -> V:
         return self._data[key]
+
+    # Mapping's get / __contains__ go through __getitem__ and KeyError; the dict's own
+    # answer the same without it
+    def get(self, key, default=None):
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def keys(self):
+        return self._data.keys()
+
+    def items(self):
+        return self._data.items()
+
+    def values(self):
+        return self._data.values()
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._data)

@@ -79,7 +79,7 @@ class Precision(Record):
 
     @staticmethod
     def uniform(dtype: str) -> Precision:
-        d = DType(dtype).value
+        d = _value(dtype)
         return Precision(weight=d, activation=d, kv_cache=d, attention=d)
 
 
@@ -283,7 +283,7 @@ class GraphBuilder:
         w_dt = weight_dtype or w_dt
         a_dt = act_dtype or a_dt
         if operator == "aten.mm.default" and not weight_is_activation:
-            operator = QUANT_LINEAR_OPERATORS.get(DType(w_dt).value, operator)
+            operator = QUANT_LINEAR_OPERATORS.get(_value(w_dt), operator)
         o_dt = out_dtype or self.precision.activation
         compute = _gemm_compute_dtype(w_dt, a_dt)
         flops = 2.0 * m * n * k * batch
@@ -291,7 +291,7 @@ class GraphBuilder:
         read = m * k * batch * dtype_bytes(a_dt) + w_elems * dtype_bytes(w_dt)
         read += _scale_bytes(w_dt, w_elems)
         written = m * n * batch * dtype_bytes(o_dt)
-        attrs: dict[str, Any] = {"weight_dtype": DType(w_dt).value, "act_dtype": DType(a_dt).value}
+        attrs: dict[str, Any] = {"weight_dtype": _value(w_dt), "act_dtype": _value(a_dt)}
         if not weight_is_activation:
             attrs["weight_params"] = w_elems
             attrs["weight_shards"] = weight_shards
@@ -309,13 +309,13 @@ class GraphBuilder:
         shape_a = (batch, m, k) if batch > 1 else (m, k)
         shape_b = (batch, k, n) if batch > 1 else (k, n)
         shape_o = (batch, m, n) if batch > 1 else (m, n)
-        inputs = (TensorSpec(shape_a, DType(a_dt).value), TensorSpec(shape_b, DType(w_dt).value))
+        inputs = (TensorSpec(shape_a, _value(a_dt)), TensorSpec(shape_b, _value(w_dt)))
         if self.stack.tensorcast_tensors and operator in TENSORCAST_SCALED_LINEARS:
             inputs += (TensorSpec((), "fp32"), TensorSpec((), "fp32"))  # scale, offset
         return self._add(Task(
             operator=operator, operation="gemm", kind=TaskKind.COMPUTE,
             inputs=inputs,
-            outputs=(TensorSpec(shape_o, DType(o_dt).value),),
+            outputs=(TensorSpec(shape_o, _value(o_dt)),),
             work=Work(flops=flops, engine=Engine.MATRIX, compute_dtype=compute,
                       bytes_read=read, bytes_written=written, axes=FrozenDict(axes)),
             attributes=FrozenDict(attrs),
@@ -351,7 +351,7 @@ class GraphBuilder:
         extra_axes = axes
         kv_dt = kv_dtype or self.precision.kv_cache
         a_dt = self.precision.attention
-        if DType(a_dt) in (DType.INT8, DType.FP8):
+        if _member(a_dt) in (DType.INT8, DType.FP8):
             operator = QUANT_ATTENTION_OPERATORS.get(operator, operator)
         if chunk:
             pairs = chunked_pairs(q_tokens, context_tokens, chunk) * num_requests
@@ -374,7 +374,7 @@ class GraphBuilder:
         axes: dict[str, Any] = {"batch": num_requests, "q_tokens": q_tokens, "kv_len": kv_len,
                                 "heads": q_heads, "kv_heads": kv_heads, "head_dim": qk_head_dim,
                                 "v_head_dim": v_head_dim, "phase": phase,
-                                "kv_dtype": DType(kv_dt).value}
+                                "kv_dtype": _value(kv_dt)}
         if window:
             axes["window"] = window
         if chunk:
@@ -387,10 +387,10 @@ class GraphBuilder:
         attrs["kv_cache_bytes_per_token"] = float(cache_bytes_per_token)
         attrs["cache_window"] = int(window or chunk or 0)
         inputs, outputs = signature or (
-            (TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), DType(a_dt).value),
-             TensorSpec((num_requests, kv_len, kv_heads, qk_head_dim), DType(kv_dt).value),
-             TensorSpec((num_requests, kv_len, kv_heads, v_head_dim), DType(kv_dt).value)),
-            (TensorSpec((num_requests * q_tokens, q_heads, v_head_dim), DType(a_dt).value),))
+            (TensorSpec((num_requests * q_tokens, q_heads, qk_head_dim), _value(a_dt)),
+             TensorSpec((num_requests, kv_len, kv_heads, qk_head_dim), _value(kv_dt)),
+             TensorSpec((num_requests, kv_len, kv_heads, v_head_dim), _value(kv_dt))),
+            (TensorSpec((num_requests * q_tokens, q_heads, v_head_dim), _value(a_dt)),))
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=inputs, outputs=outputs,
@@ -455,7 +455,7 @@ class GraphBuilder:
         return self._add(Task(
             operator=operator, operation=operation, kind=TaskKind.COMPUTE,
             inputs=inputs, outputs=outputs,
-            work=Work(flops=float(flops), engine=engine, compute_dtype=DType(dt).value,
+            work=Work(flops=float(flops), engine=engine, compute_dtype=_value(dt),
                       bytes_read=float(bytes_read), bytes_written=float(bytes_written),
                       axes=FrozenDict(axes)),
             attributes=FrozenDict(attrs),
@@ -478,9 +478,9 @@ class GraphBuilder:
         return self._add(Task(
             operator=f"tensor_cast.{operation}.default", operation=operation,
             kind=TaskKind.COMMUNICATION,
-            inputs=(TensorSpec(in_shape, DType(dt).value),),
-            outputs=(TensorSpec(out_shape, DType(dt).value),),
-            work=Work(flops=0.0, engine=Engine.NETWORK, compute_dtype=DType(dt).value,
+            inputs=(TensorSpec(in_shape, _value(dt)),),
+            outputs=(TensorSpec(out_shape, _value(dt)),),
+            work=Work(flops=0.0, engine=Engine.NETWORK, compute_dtype=_value(dt),
                       message_bytes=float(message_bytes), participants=participants,
                       axes=FrozenDict(axes)),
             attributes=FrozenDict(extra or {}),
@@ -525,7 +525,7 @@ class GraphBuilder:
         resident = local_experts * per_expert
         rows = max(1, math.ceil(pairs))
         attrs: dict[str, Any] = {
-            "weight_dtype": DType(w_dt).value, "act_dtype": DType(a_dt).value,
+            "weight_dtype": _value(w_dt), "act_dtype": _value(a_dt),
             "weight_params": resident + local_experts * (
                 (up_n + hidden / moe_tp) if bias else 0),
             "weight_shards": weight_shards, "active_weight_params": active_weight_params,
@@ -538,13 +538,13 @@ class GraphBuilder:
         all_axes: dict[str, Any] = {"m": rows, "n": up_n, "k": hidden}
         all_axes.update(axes or {})
         return self._add(Task(
-            operator=GROUPED_GEMM_OPERATORS.get(DType(w_dt).value,
+            operator=GROUPED_GEMM_OPERATORS.get(_value(w_dt),
                                                 "tensor_cast.grouped_matmul.default"),
             operation="moe", kind=TaskKind.COMPUTE,
-            inputs=(TensorSpec((rows, hidden), DType(a_dt).value),
-                    TensorSpec((local_experts, hidden, up_n), DType(w_dt).value),
-                    TensorSpec((local_experts, inter_local, hidden), DType(w_dt).value)),
-            outputs=(TensorSpec((rows, hidden), DType(o_dt).value),),
+            inputs=(TensorSpec((rows, hidden), _value(a_dt)),
+                    TensorSpec((local_experts, hidden, up_n), _value(w_dt)),
+                    TensorSpec((local_experts, inter_local, hidden), _value(w_dt))),
+            outputs=(TensorSpec((rows, hidden), _value(o_dt)),),
             work=Work(flops=flops, engine=Engine.MATRIX,
                       compute_dtype=_gemm_compute_dtype(w_dt, a_dt), bytes_read=read,
                       bytes_written=written, axes=FrozenDict(all_axes)),
@@ -639,9 +639,34 @@ def sum_range(a: int, b: int) -> float:
     return (a + b) * (b - a + 1) / 2 if b >= a else 0.0
 
 
+_MEMBERS: dict[str, DType] = {d.value: d for d in DType}
+
+
+def _member(dtype: str) -> DType:
+    """`DType(dtype)` (the same member, or the same error), without the enum call."""
+    hit = _MEMBERS.get(dtype)
+    return hit if hit is not None else DType(dtype)
+
+
+def _value(dtype: str) -> str:
+    """`DType(dtype).value`."""
+    return _member(dtype).value
+
+
+_COMPUTE: dict[tuple[str, str], str] = {}
+
+
 def _gemm_compute_dtype(weight: str, act: str) -> str:
     """Math dtype of a linear: the wider of weight and activation for weight-only quant."""
-    w, a = DType(weight), DType(act)
+    key = (weight, act)
+    hit = _COMPUTE.get(key)
+    if hit is None:
+        hit = _COMPUTE[key] = _gemm_compute(weight, act)
+    return hit
+
+
+def _gemm_compute(weight: str, act: str) -> str:
+    w, a = _member(weight), _member(act)
     if w in (DType.INT4, DType.INT8) and a in (DType.BF16, DType.FP16):
         return a.value  # weight-only: dequantise to activation dtype
     if w in (DType.NVFP4, DType.MXFP4, DType.FP4) and a in (DType.NVFP4, DType.MXFP4, DType.FP4):
@@ -658,13 +683,13 @@ def _gemm_compute_dtype(weight: str, act: str) -> str:
 
 
 def _attn_compute(dtype: str) -> str:
-    d = DType(dtype)
+    d = _member(dtype)
     return "fp8" if d in (DType.FP8, DType.FP8_BLOCK) else d.value
 
 
 def _scale_bytes(weight_dtype: str, elems: int) -> float:
     """Bytes of quantisation scales stored with a weight (fp32 unless stated)."""
-    d = DType(weight_dtype)
+    d = _member(weight_dtype)
     if d is DType.FP8_BLOCK:
         return elems / (128 * 128) * 4
     if d is DType.NVFP4:
