@@ -51,17 +51,20 @@ APPLIES = {"overlap_param_gather": lambda values: values["zero_stage"] in (1, 2)
 #               efficiencies, alpha-beta collectives): `perfcast train --calibration none`
 #   calibrated  + the shipped calibration revision's analytic curves (fitted on H100/H200
 #               kernel tables): what `perfcast train` uses by default; on a device the
-#               shipped revision has no curves for (A100), the revision of
-#               `--transfer-revision` (benchmarks/efficiency_transfer.py: the same GEMM
-#               curve declared for A100 after scoring it on Vidur's measured A100 GEMMs),
-#               as `perfcast train --calibration FILE` would use it
+#               shipped revision has no curves for (A100), the revisions of
+#               `--device-revision` in order, each answering what the one before leaves
+#               (a size outside its fitted range): benchmarks/efficiency_a100.py (a GEMM
+#               curve fitted on Vidur's measured A100 GEMMs, held out by weight shape),
+#               then benchmarks/efficiency_transfer.py (the H100/H200 curve scored on the
+#               same records; on their largest quarter by FLOPs closer than the roofline)
 #   evidence    + the public measured H100/H200 kernel tables (AIConfigurator, vLLM 0.24.0
 #               collection: cuBLAS bf16 GEMMs through torch.nn.functional.linear, FA3
 #               attention forward, NCCL collectives) asked first; A100 has none
 MODES = ("physics", "calibrated", "evidence")
 EVIDENCE_ROOT = ROOT / ".." / "shared" / "reference" / "aiconfigurator"
 EVIDENCE_RUNTIME = ("vllm", "0.24.0")
-TRANSFER_REVISION = ROOT / "benchmarks" / "data" / "calibration_a100_transfer.json"
+DEVICE_REVISIONS = (ROOT / "benchmarks" / "data" / "calibration_a100_vidur.json",
+                    ROOT / "benchmarks" / "data" / "calibration_a100_transfer.json")
 
 
 def model_spec(run):
@@ -124,7 +127,7 @@ _CHAINS: dict = {}
 
 
 def provider_chain(mode: str, device: str, evidence_root: Path,
-                   transfer_revision: Path | None = TRANSFER_REVISION):
+                   device_revisions: tuple[Path, ...] = DEVICE_REVISIONS):
     """(providers before the analytic ones, query context, evidence note) of a mode."""
     from dataclasses import replace
 
@@ -133,17 +136,22 @@ def provider_chain(mode: str, device: str, evidence_root: Path,
     from perfcast.core.frozen import FrozenDict
     from perfcast.evidence.contracts import CostQueryContext
 
-    key = (mode, device, transfer_revision)
+    key = (mode, device, tuple(device_revisions))
     if key in _CHAINS:
         return _CHAINS[key]
     providers, ctx, note = [], CostQueryContext(), ""
     if mode in ("calibrated", "evidence"):
         providers = list(calibrated_for(device, load_calibration("default")))
-        if not providers and transfer_revision is not None:
-            rev = load_calibration(str(transfer_revision))
-            providers = list(calibrated_for(device, rev))
-            if providers:
-                note = f"calibration {transfer_revision.name} ({rev.short}) for {device}"
+        if not providers:
+            used = []
+            for path in device_revisions:
+                rev = load_calibration(str(path))
+                more = list(calibrated_for(device, rev))
+                providers += more
+                if more:
+                    used.append(f"{path.name} ({rev.short})")
+            if used:
+                note = f"calibration {', then '.join(used)} for {device}"
     if mode == "evidence":
         folder = evidence_root / device
         if folder.is_dir():
@@ -175,7 +183,10 @@ def answered_by(res) -> dict[str, float]:
     cc = res.costs[0]
     for g in (cc.forward, cc.backward):
         for ct in g.tasks:
-            name = ct.resolution.estimate.provider
+            est = ct.resolution.estimate
+            name = est.provider
+            if est.method.value == "calibrated":     # which revision's curve
+                name += f"@{str(est.source_revision).split(':', 1)[-1][:8]}"
             totals[name] = totals.get(name, 0.0) + ct.total_latency_s
     whole = sum(totals.values()) or 1.0
     return {k: v / whole for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
@@ -183,7 +194,7 @@ def answered_by(res) -> dict[str, float]:
 
 def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_ROOT,
                  virtual_pipeline: int | None = None,
-                 transfer_revision: Path | None = TRANSFER_REVISION) -> dict:
+                 device_revisions: tuple[Path, ...] = DEVICE_REVISIONS) -> dict:
     from perfcast.core.errors import PerfcastError
     from perfcast.evidence.factory import build_resolver
     from perfcast.hardware import load_system
@@ -209,7 +220,7 @@ def estimate_row(run, *, mode: str = "evidence", evidence_root: Path = EVIDENCE_
                     "overlap_param_gather", "gradient_accumulation_fusion"):
             out[key] = values[key]
         providers, ctx, out["evidence"] = provider_chain(mode, run.device, evidence_root,
-                                                         transfer_revision)
+                                                         device_revisions)
         system = load_system(run.device)
         req = TrainingRequest(model=model_spec(run), device=system, layout=layout,
                               global_batch_size=run.layout.global_batch,
@@ -375,9 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="analysis: set a layout field on every selected row (e.g. "
                          "sequence_parallel=true, tp_comm_overlap=false, virtual_pipeline=4)")
-    ap.add_argument("--transfer-revision", default=str(TRANSFER_REVISION),
-                    help="calibration revision for devices the shipped one has no curves "
-                         "for (`none`: those devices run on the catalog roofline)")
+    ap.add_argument("--device-revision", "--transfer-revision", dest="device_revision",
+                    nargs="+", default=[str(p) for p in DEVICE_REVISIONS], metavar="FILE",
+                    help="calibration revisions, in order, for devices the shipped one has "
+                         "no curves for (`none`: those devices run on the catalog roofline)")
     ap.add_argument("--json", type=Path, help="write the per-row results and summary")
     ap.add_argument("--sweep-virtual-pipeline", action="store_true",
                     help="re-run the rows whose V is assumed with V = 1, 2, 4, 8")
@@ -389,9 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = [override(r, args.override) for r in data.runs
             if args.group in ("all", r.group) and (not args.rows or r.id in args.rows)]
     t0 = time.perf_counter()
-    transfer = None if args.transfer_revision == "none" else Path(args.transfer_revision)
+    device_rev = () if args.device_revision == ["none"] else \
+        tuple(Path(p) for p in args.device_revision)
     results = {m: [estimate_row(r, mode=m, evidence_root=args.evidence_root,
-                                transfer_revision=transfer) for r in runs]
+                                device_revisions=device_rev) for r in runs]
                for m in args.modes}
     wall = time.perf_counter() - t0
     headline = args.modes[-1]
@@ -423,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 sweep.append({"v": v, **estimate_row(r, mode=headline,
                                                      evidence_root=args.evidence_root,
                                                      virtual_pipeline=v,
-                                                     transfer_revision=transfer)})
+                                                     device_revisions=device_rev)})
         print(f"\nvirtual-pipeline sensitivity ({headline}; rows whose V the source does not "
               "give)")
         for row in sweep:

@@ -102,9 +102,13 @@ class Observations:
     digests: tuple[str, ...] = ()
     systems: tuple[str, ...] = ()
     dropped: Mapping[str, int] = field(default_factory=dict)
+    # per row, a GEMM's weight shape "n x k" ('' for other operations): `shape` folds
+    shape: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        for key in ("cls", "system", "framework"):      # fixed-width strings: fast compares
+        if self.shape is None:
+            object.__setattr__(self, "shape", np.full(len(self.cls), ""))
+        for key in ("cls", "system", "framework", "shape"):  # fixed-width strings: fast compares
             arr = getattr(self, key)
             if arr.dtype.kind != "U":
                 object.__setattr__(self, key, np.asarray(arr, dtype=str))
@@ -115,7 +119,7 @@ class Observations:
     def take(self, mask: np.ndarray) -> Observations:
         cols = {k: getattr(self, k)[mask] for k in _ARRAYS}
         return Observations(**cols, digests=self.digests, systems=self.systems,
-                            dropped=self.dropped)
+                            dropped=self.dropped, shape=self.shape[mask])
 
     @staticmethod
     def concat(parts: Sequence[Observations]) -> Observations:
@@ -126,7 +130,8 @@ class Observations:
                 dropped[k] = dropped.get(k, 0) + v
         return Observations(**cols, digests=tuple(d for p in parts for d in p.digests),
                             systems=tuple(s for p in parts for s in p.systems),
-                            dropped=dropped)
+                            dropped=dropped,
+                            shape=np.concatenate([p.shape for p in parts]))
 
 
 _ARRAYS = ("cls", "system", "framework", "flops", "nbytes", "peak", "bw", "ideal_s",
@@ -353,16 +358,21 @@ def observations(source: PerformanceDatabase | Iterable[PerformanceRecord],
         fast = ok & (lat[sel] < ideal)
         dropped["faster_than_ideal"] += int(fast.sum())
         ok &= ~fast
+        shape = np.full(n, "", dtype=object)
+        if op == "gemm":
+            n_, k_ = (np.nan_to_num(cols.num(f"sel.int.{a}")[idx], nan=-1).astype(np.int64)
+                      .astype(str) for a in ("n", "k"))
+            shape = np.char.add(np.char.add(n_, "x"), k_)
         parts.append(Observations(
             cls=cls[ok], system=np.full(int(ok.sum()), system.name, dtype=object),
             framework=fw[sel][ok], flops=flops[ok], nbytes=nbytes[ok], peak=peak[ok],
-            bw=bw[ok], ideal_s=ideal[ok], measured_s=lat[sel][ok]))
+            bw=bw[ok], ideal_s=ideal[ok], measured_s=lat[sel][ok], shape=shape[ok]))
     if not parts:
         raise ConfigError(f"no gemm, attention, moe or collective records of {system.name}",
                           source=db.name or "database")
     obs = Observations.concat(parts)
     return Observations(**{k: getattr(obs, k) for k in _ARRAYS}, digests=(db.digest,),
-                        systems=(system.name,), dropped=dropped)
+                        systems=(system.name,), dropped=dropped, shape=obs.shape)
 
 
 # -- fitting ------------------------------------------------------------------------
@@ -525,12 +535,17 @@ def error_stats(pred: np.ndarray, meas: np.ndarray) -> dict:
 
 
 # -- cross-validation ---------------------------------------------------------------
+GROUP_BY = ("system", "framework", "shape")
+
+
 def groups_of(obs: Observations, group_by: str) -> np.ndarray:
+    """Fold label per row: the system, system/framework, or system/weight shape (GEMMs
+    of one table that differ only in tokens are one group: a shape is held out whole)."""
     if group_by == "system":
         return obs.system
-    if group_by == "framework":
-        return np.char.add(np.char.add(obs.system, "/"), obs.framework)
-    raise ValueError(f"group_by {group_by!r}: expected system or framework")
+    if group_by in ("framework", "shape"):
+        return np.char.add(np.char.add(obs.system, "/"), getattr(obs, group_by))
+    raise ValueError(f"group_by {group_by!r}: expected one of {', '.join(GROUP_BY)}")
 
 
 def fit_fold(obs: Observations, group_by: str, held_out: str, *, seed: int = 0,
@@ -538,13 +553,13 @@ def fit_fold(obs: Observations, group_by: str, held_out: str, *, seed: int = 0,
     """Fit on every record outside group `held_out` and score on it. Held-out rows never
     reach the fit. A class whose training or held-out side is too small raises
     InsufficientDataError when named in `classes`, else is listed under `refused`.
-    `framework` folds stay within the held-out framework's system."""
+    `framework` and `shape` folds stay within the held-out group's system."""
     groups = groups_of(obs, group_by)
     test = groups == held_out
     if not test.any():
         raise ConfigError(f"no records in group {held_out!r}", field=group_by)
     train = ~test
-    if group_by == "framework":
+    if group_by in ("framework", "shape"):
         train &= obs.system == obs.system[test][0]
     tr, te = obs.take(train), obs.take(test)
     wanted = sorted(set(classes) if classes is not None else set(te.cls.tolist()))
@@ -570,7 +585,7 @@ def fit_fold(obs: Observations, group_by: str, held_out: str, *, seed: int = 0,
 
 
 def cross_validate(obs: Observations, group_by: str, *, seed: int = 0) -> list[dict]:
-    """Every leave-one-group-out fold of `obs` (group_by system | framework)."""
+    """Every leave-one-group-out fold of `obs` (group_by system | framework | shape)."""
     return [fit_fold(obs, group_by, g, seed=seed)
             for g in sorted(set(groups_of(obs, group_by).tolist()))]
 
@@ -602,7 +617,8 @@ class EfficiencyFit:
                      "systems": sorted(set(self.obs.systems)),
                      "records": int(len(self.obs)), "dropped": dict(self.obs.dropped),
                      "domain": domain, "skipped": dict(sorted(self.skipped.items()))}
-        primary = "system" if "system" in self.folds else "framework"
+        primary = "system" if "system" in self.folds else \
+            "framework" if "framework" in self.folds else next(iter(self.folds))
         cv = {"group_by": primary, "folds": [_fold_json(f) for f in self.folds[primary]],
               "summary": {"held_out": pooled_scores(self.folds[primary]),
                           "in_sample": self.in_sample,
@@ -728,11 +744,13 @@ def _finite(x):
 
 def fit_efficiency(sources: Sequence[tuple[PerformanceDatabase | Iterable[PerformanceRecord],
                                            System]] | Observations,
-                   *, seed: int = 0, cross_validation: bool = True) -> EfficiencyFit:
+                   *, seed: int = 0, cross_validation: bool = True,
+                   group_by: Sequence[str] | None = None) -> EfficiencyFit:
     """Fit every class on all given (database, system) pairs, with cross-validation:
     leave-one-system-out when there are two or more systems, and leave-one-framework-
-    out within each system. The held-out residual spread per class (pooled over every
-    fold) is the uncertainty `CalibratedAnalyticProvider` reports."""
+    out within each system; `group_by` names the fold schemes instead (e.g. `("shape",)`
+    for one system's table of one framework). The held-out residual spread per class
+    (pooled over every fold) is the uncertainty `CalibratedAnalyticProvider` reports."""
     start = time.perf_counter()
     obs = sources if isinstance(sources, Observations) else \
         Observations.concat([observations(db, sys) for db, sys in sources])
@@ -740,9 +758,10 @@ def fit_efficiency(sources: Sequence[tuple[PerformanceDatabase | Iterable[Perfor
     fits = fit_curves(obs, seed=seed, skipped=skipped)
     folds: dict[str, list[dict]] = {}
     if cross_validation:
-        if len(set(obs.system.tolist())) > 1:
-            folds["system"] = cross_validate(obs, "system", seed=seed)
-        folds["framework"] = cross_validate(obs, "framework", seed=seed)
+        schemes = list(group_by) if group_by is not None else \
+            (["system"] if len(set(obs.system.tolist())) > 1 else []) + ["framework"]
+        for scheme in schemes:
+            folds[scheme] = cross_validate(obs, scheme, seed=seed)
     every = [f for fs in folds.values() for f in fs]
     spread = residual_spread(every)
     return EfficiencyFit(fits=fits, in_sample=scores(fits, obs), folds=folds, spread=spread,
