@@ -78,6 +78,16 @@ def test_serve_table_shows_inputs_and_provenance():
         assert text in out, text
 
 
+def test_serve_table_shows_the_speculative_settings():
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", *SMALL, "--concurrency", "2",
+                                   "--speculative", "ngram", "--num-speculative-tokens", "2",
+                                   "--acceptance", "0.7,0.5"])
+    assert res.exit_code == 0, res.output
+    # 1 + 0.7 + 0.7 x 0.5 tokens per verify step
+    assert ("speculate ngram, 2 drafted tokens per step, acceptance 0.7, 0.5 (2.05 tokens "
+            "per verify step)") in " ".join(res.stdout.split())
+
+
 def test_remote_code_note_is_printed_once(tmp_path):
     cfg = json.loads(Path(load_model_spec("Qwen/Qwen3-0.6B").source).read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}

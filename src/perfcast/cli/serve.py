@@ -529,6 +529,13 @@ def input_lines(inputs: dict) -> list[str]:
     elif pc["source"] == "trace_hash_ids":
         extra = [f"prefix     the trace's hash_ids, LRU of {pc['capacity_blocks']:,} blocks of "
                  f"{pc['block_tokens']} tokens"]
+    spec = inputs.get("speculative")
+    if spec:
+        rates = ", ".join(f"{a:g}" for a in spec["acceptance"])
+        draft = f", draft {spec['draft_model']}" if spec.get("draft_model") else ""
+        extra.append(f"speculate  {spec['method']}, {spec['num_speculative_tokens']} drafted "
+                     f"tokens per step, acceptance {rates} ({spec['tokens_per_step']:g} "
+                     f"tokens per verify step){draft}")
     return [f"model      {inputs['model']} ({inputs['model_digest'][:19]})",
             f"device     {inputs['device']} ({inputs['system_digest'][:19]})",
             f"layout     {layout}",
