@@ -117,12 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--revision-out", default=None, help="write the joint revision JSON here")
     ap.add_argument("--workers", type=int, default=0)
-    ap.add_argument("--analytic", default=None, help="revision JSON whose analytic efficiency "
-                    "curves the simulator uses (fitted first on kernel tables)")
+    ap.add_argument("--analytic", default="default", help="revision JSON whose analytic "
+                    "efficiency curves the simulator uses (fitted first on kernel tables); "
+                    "'default': the shipped revision's, as its own fit used; 'none': "
+                    "physics-only analytic models")
     ap.add_argument("--quick", default=None, help="only validate this CSV with the shipped "
                     "default revision (no fit)")
     ap.add_argument("--disagg-only", action="store_true", help="only the disagg section")
     args = ap.parse_args(argv)
+    if args.analytic == "none":
+        args.analytic = None
+    elif args.analytic == "default":
+        from importlib import resources
+
+        from perfcast.calibrate.store import DEFAULT_FILE
+        args.analytic = str(resources.files("perfcast.calibrate").joinpath(DEFAULT_FILE))
+    print(f"analytic efficiency curves: {args.analytic or 'none (physics only)'}",
+          file=sys.stderr)
     evidence_root = Path(args.evidence_root) if args.evidence_root else None
     configs = Path(args.model_configs)
     if args.quick:

@@ -162,3 +162,15 @@ def test_both_residual_forms_recover_the_parameters_and_unknown_ones_are_refused
             assert res.theta[name] == pytest.approx(truth[name], rel=0.1)
     with pytest.raises(ConfigError, match="unknown residual"):
         cs.fit(data, np.ones(len(data.rows), bool), cs.FitOptions(residual="squared"))
+
+
+def test_a_whole_revision_lends_its_curves_not_its_serving_part():
+    from perfcast.calibrate.fit_serving import joined_parts
+    from perfcast.calibrate.store import default_revision
+
+    shipped = default_revision()
+    new = shipped.part("serving_overheads")
+    parts = joined_parts(new, shipped)
+    assert [p.name for p in parts] == ["serving_overheads", "analytic_efficiency"]
+    assert parts[0] is new and parts[1] is shipped.part("analytic_efficiency")
+    assert joined_parts(new, None) == (new,)

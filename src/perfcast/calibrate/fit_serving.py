@@ -67,7 +67,7 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
     """Fit, cross-validate and return (revision, details). `details` carries the
     linearised data and the held-out predictions per CV scheme (for benchmarks).
     `analytic`: a revision whose efficiency curves the simulator uses while fitting; its
-    parts join the new revision (they were fitted first, on kernel observations)."""
+    other parts join the new revision (they were fitted first, on kernel observations)."""
     import tempfile
 
     analytic_file = None
@@ -83,6 +83,14 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
     finally:
         if analytic_file is not None:
             analytic_file.unlink(missing_ok=True)
+
+
+def joined_parts(part, analytic: CalibrationRevision | None) -> tuple:
+    """The new part and the parts of `analytic` it does not replace (a whole revision,
+    e.g. the shipped one, may be given for its efficiency curves: its own fit of this
+    part is left out)."""
+    return (part, *(p for p in (analytic.parts if analytic is not None else ())
+                    if p.name != part.name))
 
 
 def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, name, workers,
@@ -107,7 +115,7 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
                  "mode": mode or "all",
                  "analytic_revision": analytic.digest if analytic is not None else "none"}
     part, result = fit_part(data, fitted_on=fitted_on, cv=schemes, options=options)
-    parts = (part, *(analytic.parts if analytic is not None else ()))
-    rev = CalibrationRevision(name=name, code_version=code_version(), parts=parts)
+    rev = CalibrationRevision(name=name, code_version=code_version(),
+                              parts=joined_parts(part, analytic))
     return rev, {"data": data, "schemes": schemes, "fit": result,
                  "usable": data.modelled & np.isfinite(data.measured_ttft)}
