@@ -211,8 +211,9 @@ class KernelTable:
     tensor_columns: tuple[int | None, ...] = ()  # the six tensor cells' columns
     # per usable row, in CSV order: its data row number, latency and CSV text (its cells
     # are read again when the row is first used), and the text of its first input's last
-    # dim ("" where that is not a plain tensor: NZ, an empty slot). Plain lists of
-    # numbers and strings: the cyclic collector never scans them.
+    # dim ("" where that is not a plain tensor: NZ, an empty slot). One list per column
+    # of numbers and strings, which the cyclic collector does not track: no per-row
+    # container for it to scan.
     row_numbers: Sequence[int] = ()
     latencies: Sequence[float] = ()
     lines: Sequence[str] = ()
