@@ -128,10 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.analytic == "none":
         args.analytic = None
     elif args.analytic == "default":
-        from importlib import resources
-
-        from perfcast.calibrate.store import DEFAULT_FILE
-        args.analytic = str(resources.files("perfcast.calibrate").joinpath(DEFAULT_FILE))
+        from perfcast.calibrate.store import default_revision_path
+        args.analytic = str(default_revision_path())
     print(f"analytic efficiency curves: {args.analytic or 'none (physics only)'}",
           file=sys.stderr)
     evidence_root = Path(args.evidence_root) if args.evidence_root else None

@@ -34,9 +34,14 @@ def read_revision(path: Path) -> CalibrationRevision:
     return CalibrationRevision.from_json(doc, source=str(path))
 
 
+def default_revision_path() -> Path:
+    """Where the package's shipped revision file is."""
+    return Path(str(resources.files("perfcast.calibrate").joinpath(DEFAULT_FILE)))
+
+
 def default_revision() -> CalibrationRevision:
     """The revision shipped with the package (docs/calibration.md gives its scores)."""
-    path = Path(str(resources.files("perfcast.calibrate").joinpath(DEFAULT_FILE)))
+    path = default_revision_path()
     if not path.is_file():
         raise ConfigError("this installation ships no default calibration revision",
                           source=str(path), expected="--calibration none or a revision file")
