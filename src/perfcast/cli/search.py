@@ -17,7 +17,8 @@ from perfcast.cli.calibration_option import CalibrationOption, analytic_for, bac
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
-                                           NumSpeculativeTokensOption, SpeculativeOption)
+                                           NumSpeculativeTokensOption, SpeculativeOption,
+                                           StackOption)
 from perfcast.core.errors import ConfigError
 from perfcast.serving.limits import MAX_SIMULATED_REQUESTS, check_request_count
 
@@ -71,6 +72,7 @@ def search_command(
     num_speculative_tokens: NumSpeculativeTokensOption = 0,
     acceptance: AcceptanceOption = None,
     draft_model: DraftModelOption = None,
+    stack: StackOption = "auto",
     top_n: Annotated[int, typer.Option("--top", help="configurations to list")] = 10,
     executor: Annotated[str, typer.Option(help="local (processes) | inline | ray")] = "local",
     workers: Annotated[int, typer.Option(help="local processes (0: one per CPU)")] = 0,
@@ -96,7 +98,7 @@ def search_command(
             max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, slo_percentile=slo_percentile,
             prefix_cache_hit_rate=prefix_cache_hit_rate, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens, acceptance=acceptance,
-            draft_model=draft_model, top_n=top_n, executor=executor, workers=workers,
+            draft_model=draft_model, stack=stack, top_n=top_n, executor=executor, workers=workers,
             evidence_root=str(evidence_root) if evidence_root else None,
             calibration=calibration, allow_long_run=allow_long_run)
         with search_progress() as (on_start, on_done):
@@ -138,6 +140,7 @@ class SearchArgs:
     num_speculative_tokens: int = 0
     acceptance: Optional[str] = None
     draft_model: Optional[Path] = None
+    stack: str = "auto"
     top_n: int = 10
     executor: str = "local"
     workers: int = 0
@@ -153,6 +156,7 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     from perfcast.serving.backends import load_backend
     from perfcast.serving.search import SearchSpace, default_ep_sizes, search
     from perfcast.workload import load_model_spec
+    from perfcast.workload.stacks import resolve_stack
 
     if a.slo_percentile not in (None, 50, 90, 99):
         raise ConfigError(f"has value {a.slo_percentile}", field="--slo-percentile",
@@ -165,6 +169,7 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     for text in spec.notes:
         note(f"note: {text}")
     system = load_system(a.device)
+    op_stack = resolve_stack(a.stack, system.device.vendor)
     revision = load_calibration(a.calibration)
     bk = load_backend(a.backend, a.backend_version, system=system)
     if bk.version_note and a.backend_version:   # a version given but not matched
@@ -190,7 +195,8 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
         evidence_root=str(evidence_root) if evidence_root else None,
         overheads=tuple(sorted(fitted.items())), allow_long_run=a.allow_long_run,
         extra_providers=tuple((analytic_for(revision) or (lambda _: []))(system.name)),
-        prefix_cache_hit_rate=a.prefix_cache_hit_rate, speculative=spec_decode)
+        prefix_cache_hit_rate=a.prefix_cache_hit_rate, speculative=spec_decode,
+        stack=a.stack)
     cands = search(space, executor=a.executor, workers=a.workers or None,
                    on_start=on_start, on_done=on_done)
     calib = revision.digest if revision else "none"
@@ -198,7 +204,7 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
                  "version": _evidence_version(space, system.name)}
                 if evidence_root else None)
     return search_report(space, spec, system, bk.name, cands, a.top_n, calib, evidence,
-                         backend_defaults=bk), cands
+                         backend_defaults=bk, stack=op_stack), cands
 
 
 def _evidence_version(space, system: str) -> str | None:
@@ -230,10 +236,11 @@ def search_progress():
 
 
 def search_report(space, spec, system, backend: str, cands, top_n: int, calibration: str,
-                  evidence: dict | None, backend_defaults=None) -> dict:
+                  evidence: dict | None, backend_defaults=None, stack=None) -> dict:
     """The search as JSON: inputs, SLOs, results, failures, provenance;
-    `backend_defaults` (BackendDefaults) names the version range the layouts used."""
-    from perfcast.cli.serve import speculative_json
+    `backend_defaults` (BackendDefaults) names the version range the layouts used,
+    `stack` (OpStack) the profile `space.stack` resolved to on the device."""
+    from perfcast.cli.serve import speculative_json, stack_json
     from perfcast.serving.backends import defaults_json
     from perfcast.serving.provenance import provenance_json
     from perfcast.serving.search import (candidate_json, failure_counts, nearest_misses,
@@ -255,6 +262,7 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
                    "ep_sizes": list(space.ep_sizes), "modes": list(space.modes),
                    "prefix_cache_hit_rate": space.prefix_cache_hit_rate,
                    "speculative": speculative_json(space.speculative),
+                   "stack": stack_json(space.stack, stack) if stack is not None else None,
                    "notes": list(spec.notes)},
         "slo": {"statistic": space.slo_statistic, "max_ttft_ms": space.max_ttft_ms,
                 "max_tpot_ms": space.max_tpot_ms},

@@ -16,7 +16,8 @@ from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.layout import build_plan
 from perfcast.cli.serving_options import (AcceptanceOption, DraftModelOption,
-                                           NumSpeculativeTokensOption, SpeculativeOption)
+                                           NumSpeculativeTokensOption, SpeculativeOption,
+                                           StackOption)
 from perfcast.core.errors import ConfigError
 from perfcast.serving.limits import MAX_SIMULATED_REQUESTS, check_request_count
 
@@ -71,6 +72,7 @@ def serve_command(
     num_speculative_tokens: NumSpeculativeTokensOption = 0,
     acceptance: AcceptanceOption = None,
     draft_model: DraftModelOption = None,
+    stack: StackOption = "auto",
     schedule_conservativeness: Annotated[Optional[float], typer.Option(
         "--schedule-conservativeness", help="prefill_first (SGLang): reserve running requests' "
         "future decode tokens when admitting (SGLang's default 1.0; 0 off)")] = None,
@@ -124,7 +126,7 @@ def serve_command(
             max_running_requests=max_running_requests, chunked_prefill=chunked_prefill,
             speculative=speculative, num_speculative_tokens=num_speculative_tokens,
             acceptance=acceptance, draft_model=str(draft_model) if draft_model else None,
-            mode=mode, workers=workers, decode_workers=decode_workers,
+            stack=stack, mode=mode, workers=workers, decode_workers=decode_workers,
             decode_tp_size=decode_tp_size, decode_dp_size=decode_dp_size,
             decode_ep_size=decode_ep_size,
             evidence_root=str(evidence_root) if evidence_root else None,
@@ -184,6 +186,7 @@ class ServeArgs:
     num_speculative_tokens: int = 0
     acceptance: Optional[str] = None
     draft_model: Optional[str] = None
+    stack: str = "auto"
     mode: str = "agg"
     workers: int = 1
     decode_workers: int = 1
@@ -212,6 +215,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     from perfcast.serving.provenance import provenance_json, tallied
     from perfcast.workload import load_model_spec
     from perfcast.workload.quant import precision_for_model
+    from perfcast.workload.stacks import resolve_stack
 
     arrival_trace = Path(a.arrival_trace) if a.arrival_trace else None
     evidence_root = Path(a.evidence_root) if a.evidence_root else None
@@ -232,6 +236,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                                     kv_cache_dtype=a.kv_cache_dtype)
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
+    op_stack = resolve_stack(a.stack, system.device.vendor)
     bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.tp, pp=plan.pp)
     if bk.version_note and a.backend_version:   # a version given but not matched
         note(f"note: {bk.version_note}")
@@ -259,7 +264,8 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                       trace_block_tokens=trace.block_tokens if trace else None,
                       prefix_cache_hit_rate=a.prefix_cache_hit_rate,
                       warmup_requests=a.warmup_requests, seed=a.seed, interpolate=not a.exact,
-                      record_trace=record_trace, explain=a.explain, speculative=spec_cfg)
+                      record_trace=record_trace, explain=a.explain, speculative=spec_cfg,
+                      stack=a.stack)
     providers, context, evidence = (), None, None
     if evidence_root:
         from perfcast.serving.evidence import evidence_loader
@@ -301,6 +307,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         "prefix_cache": prefix_cache_inputs(a.prefix_cache_hit_rate, trace, result),
         "interpolate": not a.exact,
         "speculative": speculative_json(spec_cfg),
+        "stack": stack_json(a.stack, op_stack),
         "notes": list(spec.notes) + ([bk.version_note] if bk.version_note else [])}
     metrics["provenance"] = provenance_json(
         tally.rows(), tally.queries if wrapped else None,
@@ -363,6 +370,15 @@ def speculative_config(a: ServeArgs):
                                    "tokens per verify step) or a_1,...,a_K")
     return SpeculativeConfig(a.speculative, a.num_speculative_tokens,
                              parse_acceptance(a.acceptance), draft_model=a.draft_model)
+
+
+def stack_json(requested: str, stack) -> dict:
+    """The operator stack the step graphs were built with: the `--stack` asked for, the
+    profile it resolved to on the device, and the MLA call that profile implies."""
+    from perfcast.workload.stacks import resolve_mla_call
+
+    return {"requested": requested, "resolved": stack.name,
+            "mla_call": resolve_mla_call("auto", stack)}
 
 
 def speculative_json(spec) -> dict | None:
@@ -529,6 +545,10 @@ def input_lines(inputs: dict) -> list[str]:
     elif pc["source"] == "trace_hash_ids":
         extra = [f"prefix     the trace's hash_ids, LRU of {pc['capacity_blocks']:,} blocks of "
                  f"{pc['block_tokens']} tokens"]
+    st = inputs.get("stack")
+    if st and st["resolved"] != "default":
+        extra.append(f"stack      {st['resolved']} (--stack {st['requested']}), MLA call "
+                     f"{st['mla_call']}")
     spec = inputs.get("speculative")
     if spec:
         rates = ", ".join(f"{a:g}" for a in spec["acceptance"])

@@ -1,5 +1,5 @@
-"""Options shared by `serve` and `search` (speculative decoding, prefix caching): one
-declaration, one help text."""
+"""Options shared by `serve` and `search` (speculative decoding, prefix caching, the
+operator stack; `validate silicon` takes the stack too): one declaration, one help text."""
 
 from __future__ import annotations
 
@@ -18,3 +18,9 @@ AcceptanceOption = Annotated[Optional[str], typer.Option(
 DraftModelOption = Annotated[Optional[Path], typer.Option(
     "--draft-model", help="EAGLE head config.json (default: one Llama layer of the "
     "target's width)")]
+# the profile names of perfcast/workload/stacks.yaml, written out: `serve --help` reads no
+# YAML (tests/serving/test_serve_stack.py checks they are all listed)
+StackOption = Annotated[str, typer.Option(
+    "--stack", help="operator conventions of every step graph, as `perfcast estimate "
+    "--stack`: auto (tensorcast on Ascend NPUs, else default; the MLA call follows the "
+    "stack) | default | tensorcast | vllm-ascend-0.18 (workload/stacks.yaml)")]

@@ -19,6 +19,7 @@ from perfcast.cli.calibration_option import CalibrationOption, all_overheads, an
 from perfcast.cli.calibration_option import load as load_calibration
 from perfcast.cli.errors import check_output_paths, user_errors
 from perfcast.cli.progress import progress_bar
+from perfcast.cli.serving_options import StackOption
 from perfcast.core.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Compare predictions with measured deployments.")
@@ -70,6 +71,7 @@ class ValidateArgs:
     mode: Optional[str] = None
     statistic: str = "mean"
     calibration: str = "default"
+    stack: str = "auto"
 
 
 def silicon_rows(a: ValidateArgs) -> list[dict]:
@@ -100,10 +102,11 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
     results = validate_rows(rows, configs_dir=Path(a.model_configs) if a.model_configs else None,
                             evidence_for=evidence_for, statistic=a.statistic,
                             overheads=all_overheads(revision),
-                            analytic_for=analytic_for(revision), progress=progress)
+                            analytic_for=analytic_for(revision), progress=progress,
+                            stack=a.stack)
     doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
            "summary_by_mode": summarize_by_mode(results),
-           "calibration": revision.digest if revision else "none"}
+           "calibration": revision.digest if revision else "none", "stack": a.stack}
     return doc, results
 
 
@@ -153,6 +156,7 @@ def silicon_command(
     statistic: Annotated[str, typer.Option(help="per-request aggregate compared with the row: "
                                            "mean | p50 (the file does not say which)")] = "mean",
     calibration: CalibrationOption = "default",
+    stack: StackOption = "auto",
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     with user_errors():
@@ -161,7 +165,8 @@ def silicon_command(
                             evidence_root=str(evidence_root) if evidence_root else None,
                             evidence_versions=evidence_versions,
                             model_configs=str(model_configs) if model_configs else None,
-                            mode=mode, statistic=statistic, calibration=calibration)
+                            mode=mode, statistic=statistic, calibration=calibration,
+                            stack=stack)
         rows = silicon_rows(args)
         with progress_bar("simulating rows", len(rows)) as advance:
             doc, results = run_validate(args, rows, progress=advance)

@@ -32,7 +32,7 @@ from perfcast.workload import (
     build_task_graph,
     load_model_spec,
 )
-from perfcast.workload.stacks import resolve_stack
+from perfcast.workload.stacks import resolve_mla_call, resolve_stack
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,7 @@ def build_step_graph(request: EstimateRequest, model: ModelSpec, batch: Batch,
                             logits=request.logits, mtp_layers=request.mtp_layers,
                             mla_form=request.mla_form, block_size=request.block_size,
                             reserve_bytes=request.reserve_bytes, stack=stack,
-                            mla_call=request.mla_call if request.mla_call != "auto"
-                            else ("tensorcast" if stack.tensorcast_tensors else "split"))
+                            mla_call=resolve_mla_call(request.mla_call, stack))
 
 
 def estimate_step(request: EstimateRequest, resolver: CostResolver | None = None) -> StepResult:

@@ -20,6 +20,7 @@ from perfcast.serving.simulator import SimulationResult, simulate
 from perfcast.serving.speculative import SpeculativeConfig, speculative_step
 from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
+from perfcast.workload.stacks import resolve_stack
 
 GIB = 1024 ** 3
 
@@ -64,12 +65,15 @@ class ServeConfig:
     record_trace: bool = False
     explain: bool = False                  # record per-request phases (serve --explain)
     speculative: SpeculativeConfig | None = None  # draft + verify decoding (serve --speculative)
+    # operator conventions of every step graph (perfcast.workload.stacks; serve --stack):
+    # auto picks them from the device vendor, as `perfcast estimate --stack auto` does
+    stack: str = "auto"
 
 
 class StepModelCache:
     """Reuses costed graphs across simulations of the same deployment: terms are keyed
     by the digests of model, plan, precision, system, evidence providers (`evidence.
-    factory.providers_digest`) and query context (not by scheduler,
+    factory.providers_digest`), query context and operator stack (not by scheduler,
     overheads or CUDA-graph settings, which only change how terms are combined)."""
 
     def __init__(self) -> None:
@@ -80,9 +84,10 @@ class StepModelCache:
     def get(self, model: ModelSpec, plan: ParallelPlan, system: System,
             backend: BackendDefaults, precision: Precision | None,
             evidence: Sequence[CostProvider], context: CostQueryContext,
-            interpolate: bool) -> StepCostModel:
+            interpolate: bool, stack: str = "auto") -> StepCostModel:
         ev_key = (system.digest, providers_digest(evidence))
-        base = (model.digest, plan.digest, precision, context.digest, ev_key)
+        op_stack = resolve_stack(stack, system.device.vendor)
+        base = (model.digest, plan.digest, precision, context.digest, ev_key, op_stack.name)
         key = (base, backend.overheads, backend.cuda_graph, interpolate)
         hit = self._models.get(key)
         if hit is None:
@@ -96,7 +101,8 @@ class StepModelCache:
                       precision=precision, context=context,
                       overheads=backend.overheads, cuda_graph=backend.cuda_graph,
                       interpolate=interpolate, graph_cache=self._graphs.setdefault(base, {}),
-                      terms_cache=self._graphs.setdefault((base, interpolate), {}))
+                      terms_cache=self._graphs.setdefault((base, interpolate), {}),
+                      stack=op_stack)
             self._models[key] = hit
         return hit
 
@@ -194,7 +200,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
 
     def engines(pool: Pool, role: str) -> tuple[list[Engine], StepCostModel]:
         step = speculative_step(cache.get(model, pool.plan, system, backend, cfg.precision,
-                                          evidence, context, cfg.interpolate), cfg.speculative)
+                                          evidence, context, cfg.interpolate, cfg.stack),
+                                cfg.speculative)
         capacity = kv_capacity_tokens(step, backend, context_hint=cfg.isl + cfg.osl)
         # attention-DP ranks step together (one engine); each rank has its own budget,
         # request limit and KV cache, so the engine's limits scale with dp

@@ -68,6 +68,7 @@ class SearchSpace:
     allow_long_run: bool = False         # simulations above MAX_SIMULATED_REQUESTS
     prefix_cache_hit_rate: float | None = None   # as serve --prefix-cache-hit-rate
     speculative: SpeculativeConfig | None = None  # as serve --speculative (PP 1 layouts)
+    stack: str = "auto"                  # as serve --stack (perfcast.workload.stacks)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
                           isl=space.isl, osl=space.osl, range_ratio=space.range_ratio,
                           concurrency=c, num_requests=space.prompts_per_concurrency * c,
                           prefix_cache_hit_rate=space.prefix_cache_hit_rate,
-                          speculative=space.speculative)
+                          speculative=space.speculative, stack=space.stack)
         try:
             res = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache)
             cand.metrics = res.metrics.to_json()

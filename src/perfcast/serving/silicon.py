@@ -24,10 +24,12 @@ from perfcast.core.errors import ConfigError, PerfcastError
 from perfcast.hardware import System, load_system
 from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
+from perfcast.serving.step_cost import stack_options
 from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
 from perfcast.workload.build import build_task_graph
 from perfcast.workload.model_spec import model_spec_from_config
 from perfcast.workload.quant import LINEAR_ACTIONS, precision_for_model
+from perfcast.workload.stacks import resolve_stack
 
 FP4_DTYPES = ("nvfp4", "mxfp4", "fp4")
 
@@ -420,6 +422,11 @@ def _disagg_layout(row: dict, system: System, rules: dict
     return prefill, decode, conc, notes
 
 
+def deployment_graph_options(cfg: ServeConfig, system: System) -> dict:
+    """The graph options the deployment's step model builds with (its `--stack`)."""
+    return stack_options(resolve_stack(cfg.stack, system.device.vendor))
+
+
 def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
     """Why a row's measurement contradicts the hardware, or None.
 
@@ -441,11 +448,11 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
         return None
     in_decode = closed_loop_in_decode(cfg.concurrency, cfg.osl, ttft_ms, tpot_ms)
     per_replica = max(1, int(in_decode / max(pool.workers, 1)))
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     graph = build_task_graph(cfg.model, pool.plan, Batch.decode(per_replica, cfg.isl),
-                             cfg.precision)
+                             cfg.precision, **deployment_graph_options(cfg, system))
     moved = sum(t.work.bytes_total * t.count for t in graph.tasks
                 if t.kind is TaskKind.COMPUTE)
-    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     bound_ms = 1e3 * moved / system.device.memory.bw_bytes_per_s
     if tpot_ms >= bound_ms:
         return None
@@ -477,8 +484,9 @@ def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str
     rate = cfg.concurrency / e2e_s                     # requests per second, all pools
     prompt = max(1, int(cfg.range_ratio * cfg.isl))
     dp = max(1, pool.plan.dp)
-    graph = build_task_graph(cfg.model, pool.plan, Batch.prefill(dp, prompt), cfg.precision)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
+    graph = build_task_graph(cfg.model, pool.plan, Batch.prefill(dp, prompt), cfg.precision,
+                             **deployment_graph_options(cfg, system))
     busy_s = 0.0          # one device's busy time for a step of one prompt per rank
     for t in graph.tasks:
         if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
@@ -502,7 +510,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   overheads: dict | None = None, statistic: str = "mean",
                   seed: int = 0, cache: StepModelCache | None = None,
-                  analytic_for: Callable[[str], Sequence] | None = None) -> list[RowResult]:
+                  analytic_for: Callable[[str], Sequence] | None = None,
+                  stack: str = "auto") -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
     `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
@@ -511,10 +520,12 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
     `cache`: costed step graphs to reuse across calls (e.g. the passes of a fit).
     `analytic_for(system)`: calibrated analytic providers asked after the measured ones
     and before the physics-only models (the same objects on every call, so cached
-    costs stay valid)."""
+    costs stay valid). `stack`: the operator stack of every row's step graphs
+    (`ServeConfig.stack`; `auto`: from each row's device vendor)."""
     if statistic not in ("mean", "p50"):
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
+    resolve_stack(stack, "")   # an unknown name fails here, not on every row
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
     cache = cache if cache is not None else StepModelCache()
@@ -533,6 +544,7 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
             if res.measured_ttft_ms <= 0 or res.measured_tpot_ms <= 0:
                 raise RowError("measured TTFT/TPOT must be positive")
             cfg, notes = row_config(row, models, rules, overheads)
+            cfg = replace(cfg, stack=stack)
             if seed:
                 cfg = replace(cfg, seed=seed)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency

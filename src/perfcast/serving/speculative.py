@@ -171,7 +171,9 @@ def eagle_draft_spec(target: ModelSpec, cfg: SpeculativeConfig) -> ModelSpec:
             "intermediate_size": target.intermediate_size or 4 * target.hidden_size,
             "vocab_size": target.vocab_size, "num_hidden_layers": 1,
             "torch_dtype": target.weight_dtype, "hidden_act": "silu",
-            "tie_word_embeddings": False},
+            "tie_word_embeddings": False,
+            # the head rotates the target's positions (the RoPE caches a stack gathers from)
+            **{k: target.raw[k] for k in ("max_position_embeddings",) if k in target.raw}},
             name=f"EAGLE head of {target.name}", source=f"derived from {target.source}")
     draft_vocab = spec.raw.get("draft_vocab_size")
     if cfg.method is SpeculativeMethod.EAGLE3 and isinstance(draft_vocab, int) and draft_vocab > 0:
@@ -210,7 +212,8 @@ class _VerifyGraphs:
             return hit
         if is_verify_batch(batch):
             options["mla_form"] = "absorbed"
-        graph = build_task_graph(self.model, self.plan, batch, self.precision, **options)
+        graph = build_task_graph(self.model, self.plan, batch, self.precision,
+                                 **self.graph_options, **options)
         tasks = [t for t in graph.tasks if ("kv_len" in t.work.axes) == context_tasks]
         if extra is not None and not context_tasks:
             tasks += extra(batch)
@@ -257,7 +260,8 @@ class DraftTerms(_VerifyGraphs, StepCostModel):
             plan = replace(target.plan, pp=1)
         super().__init__(model, plan, target.system, target.resolver, precision=precision,
                          context=target.context, overheads=target.overheads,
-                         cuda_graph=target.cuda_graph, interpolate=target.interpolate)
+                         cuda_graph=target.cuda_graph, interpolate=target.interpolate,
+                         stack=target.stack)
         self.target_hidden = target.model.hidden_size
         self._precision = precision or precision_for_model(model)
         if spec.method is SpeculativeMethod.MTP:
@@ -265,7 +269,7 @@ class DraftTerms(_VerifyGraphs, StepCostModel):
 
     def _check_mtp_built(self) -> None:
         graph = build_task_graph(self.model, self.plan, Batch.decode(self.dp, 16),
-                                 self.precision, mtp_layers=1)
+                                 self.precision, mtp_layers=1, **self.graph_options)
         if not any(t.lineage.startswith("mtp") for t in graph.tasks):
             raise ConfigError(f"the graph builder of model_type {self.model.model_type!r} "
                               "builds no MTP module", source=self.model.source or None,
@@ -279,7 +283,8 @@ class DraftTerms(_VerifyGraphs, StepCostModel):
 
     # -- EAGLE's projections that a Llama layer lacks -----------------------------------------
     def _gemms(self, batch: Batch, shapes) -> list:
-        b = GraphBuilder(self.model, self.plan, batch, self._precision)
+        b = GraphBuilder(self.model, self.plan, batch, self._precision,
+                         options=self.graph_options)
         tokens = b.local_batch.tokens
         for group, n, k, shards in shapes:
             b.gemm(group, tokens, n, k, weight_shards=shards,
@@ -339,7 +344,7 @@ class DraftTerms(_VerifyGraphs, StepCostModel):
         """Weights and KV cache bytes per token the draft adds on a device (the embedding
         and, for EAGLE-1, the LM head are the target's)."""
         graph = build_task_graph(self.model, self.plan, Batch.decode(self.dp, 1024),
-                                 self.precision, **self._options)
+                                 self.precision, **self.graph_options, **self._options)
         tied = self.method is SpeculativeMethod.EAGLE
 
         def own(t) -> bool:
@@ -365,7 +370,8 @@ class SpeculativeStepCost(_VerifyGraphs, StepCostModel):
         super().__init__(target.model, target.plan, target.system, target.resolver,
                          precision=target.precision, context=target.context,
                          overheads=target.overheads, cuda_graph=target.cuda_graph,
-                         interpolate=target.interpolate, graph_cache=target._graphs)
+                         interpolate=target.interpolate, graph_cache=target._graphs,
+                         stack=target.stack)
         self.spec = spec
         self.target = target
         self._spec_graphs: dict = {}

@@ -38,6 +38,7 @@ from perfcast.hardware import System
 from perfcast.serving.backends import CudaGraphConfig, Overheads
 from perfcast.workload import Batch, BatchSegment, ModelSpec, ParallelPlan, Precision, TaskKind
 from perfcast.workload.build import build_task_graph
+from perfcast.workload.stacks import OpStack, resolve_mla_call, resolve_stack
 
 
 def grid_nodes(limit: int, *, with_zero: bool = False) -> list[int]:
@@ -140,7 +141,7 @@ def costed_tasks(tasks, resolver: CostResolver, system_name: str, context: CostQ
             yield task, est.latency_s
 
 
-# built graphs by content: (model, plan, precision, batch segments) -> their tasks split
+# built graphs by content: (model, plan, precision, stack, batch segments) -> their tasks split
 # into the context-free and the context half, and the graph's memory facts. Deployments
 # that differ only in evidence or engine (backend versions, the layouts of a search
 # sharing a plan) build each batch's graph once; bounded (least recently used out).
@@ -149,15 +150,18 @@ BUILT_GRAPHS_MAX = 2048
 
 
 def built_halves(model: ModelSpec, plan: ParallelPlan, precision: Precision | None,
-                 batch: Batch, segments: tuple) -> tuple[tuple[list, list], object]:
+                 batch: Batch, segments: tuple, stack: OpStack | None = None
+                 ) -> tuple[tuple[list, list], object]:
     """((context-free tasks, context tasks), memory facts) of `batch`'s graph, whose
-    segments' (requests, q tokens, context tokens) are `segments`."""
-    key = (model.digest, plan.digest, precision, batch.phase, segments)
+    segments' (requests, q tokens, context tokens) are `segments`, under `stack`
+    (`perfcast.workload.stacks`; None: `default`) and its MLA call."""
+    key = (model.digest, plan.digest, precision, None if stack is None else stack.name,
+           batch.phase, segments)
     hit = _BUILT.get(key)
     if hit is not None:
         _BUILT.move_to_end(key)
         return hit
-    graph = build_task_graph(model, plan, batch, precision)
+    graph = build_task_graph(model, plan, batch, precision, **stack_options(stack))
     free, ctx = [], []
     for t in graph.tasks:
         (ctx if "kv_len" in t.work.axes else free).append(t)
@@ -165,6 +169,15 @@ def built_halves(model: ModelSpec, plan: ParallelPlan, precision: Precision | No
     if len(_BUILT) > BUILT_GRAPHS_MAX:
         _BUILT.popitem(last=False)
     return hit
+
+
+def stack_options(stack: OpStack | None) -> dict:
+    """The `build_task_graph` options of a serving step under `stack` (None: the
+    builder's defaults): the stack and its MLA call, resolved as `perfcast estimate`
+    resolves `--mla-call auto` (`stacks.resolve_mla_call`)."""
+    if stack is None:
+        return {}
+    return {"stack": stack, "mla_call": resolve_mla_call("auto", stack)}
 
 
 @dataclass(frozen=True)
@@ -191,11 +204,17 @@ class StepCostModel:
                  resolver: CostResolver, *, precision: Precision | None = None,
                  context: CostQueryContext | None = None, overheads: Overheads | None = None,
                  cuda_graph: CudaGraphConfig | None = None, interpolate: bool = True,
-                 graph_cache: dict | None = None, terms_cache: dict | None = None) -> None:
+                 graph_cache: dict | None = None, terms_cache: dict | None = None,
+                 stack: str | OpStack = "auto") -> None:
         """`graph_cache`: costed graphs shared by step models of the same deployment and
         resolver that differ only in overheads or CUDA-graph settings; `terms_cache`:
         their exact and interpolated terms (which depend on neither), for models that
-        also share `interpolate` (serving.deploy.StepModelCache)."""
+        also share `interpolate` (serving.deploy.StepModelCache). `stack`: the operator
+        conventions every graph is built with (`perfcast.workload.stacks`; `auto` picks
+        them from the device vendor, as `perfcast estimate --stack auto` does)."""
+        self.stack = stack if isinstance(stack, OpStack) else resolve_stack(
+            stack, system.device.vendor)
+        self.graph_options = stack_options(self.stack)
         self.model = model
         self.plan = plan
         self.system = system
@@ -234,7 +253,8 @@ class StepCostModel:
         hit = self._graphs.get(key)
         if hit is not None:
             return hit
-        halves, memory = built_halves(self.model, self.plan, self.precision, batch, key[1:])
+        halves, memory = built_halves(self.model, self.plan, self.precision, batch, key[1:],
+                                      self.stack)
         out = self._part_of(halves[context_tasks])
         if self._memory is None:
             self._memory = memory
@@ -563,7 +583,8 @@ class StepCostModel:
         """MemoryFacts of the deployment (weights, KV bytes per token per device)."""
         if self._memory is None:
             probe = Batch.decode(max(self.plan.dp, 1), 1024)
-            self._memory = build_task_graph(self.model, self.plan, probe, self.precision).memory
+            self._memory = build_task_graph(self.model, self.plan, probe, self.precision,
+                                            **self.graph_options).memory
         return self._memory
 
 

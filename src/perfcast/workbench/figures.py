@@ -208,7 +208,8 @@ def serve_args_for(search: dict, row: dict) -> dict:
             "isl": inp["isl"], "osl": inp["osl"], "range_ratio": inp["range_ratio"],
             "concurrency": row["concurrency"],
             "num_requests": inp["client"]["requests_per_client"] * row["concurrency"],
-            "calibration": calibration_ref(search["calibration"])}
+            "calibration": calibration_ref(search["calibration"]),
+            "stack": (inp.get("stack") or {}).get("requested") or "auto"}
     if row["mode"] == "disagg" and len(pools) > 1:
         dw, dtp, ddp, dep = pools[1]
         args.update(decode_workers=dw, decode_tp_size=dtp, decode_dp_size=ddp,

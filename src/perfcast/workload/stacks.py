@@ -109,3 +109,12 @@ def resolve_stack(name: str, vendor: str) -> OpStack:
     if name == AUTO:
         return load_stack(AUTO_BY_VENDOR.get(vendor.lower(), "default"))
     return load_stack(name)
+
+
+def resolve_mla_call(mla_call: str, stack: OpStack) -> str:
+    """The MLA call form (`perfcast.workload.families.mla`) of `mla_call` under `stack`:
+    `auto` is TensorCast's one MLA call under a stack with TensorCast's tensors,
+    perfcast's split tasks otherwise; `split` and `tensorcast` stay."""
+    if mla_call != AUTO:
+        return mla_call
+    return "tensorcast" if stack.tensorcast_tensors else "split"

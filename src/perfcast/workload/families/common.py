@@ -132,8 +132,9 @@ def rope_tables(b: GraphBuilder, stage: int, rotary_dim: int) -> tuple[str, ...]
     rows = TensorSpec((tokens, rotary_dim), act)
     table = TensorSpec((positions, rotary_dim), act)
     ids = TensorSpec((tokens,), "int64")
+    suffix = f".stage{stage}" if stage else ""   # one lineage per pipeline stage
     out = tuple(b.elementwise(
-        f"rope.{name}_gather", "aten.index.Tensor", "table_gather", inputs=(rows, ids),
+        f"rope.{name}_gather{suffix}", "aten.index.Tensor", "table_gather", inputs=(rows, ids),
         outputs=(rows,), flops=0, stage=stage, signature=((table, ids), (rows,)),
         extra={"list_inputs": 1})
         for name in ("cos", "sin"))
