@@ -116,3 +116,11 @@ def test_no_gradient_accumulation_fusion_flag():
     fused = json.loads(run(*args).output)
     r = run(*args, "--no-gradient-accumulation-fusion")
     assert json.loads(r.output)["step_time_s"] > fused["step_time_s"]  # 4 microbatches
+
+
+def test_cross_entropy_loss_fusion_flag():
+    args = ("--num-devices", "2", "--dp-size", "2", "--format", "json", "--calibration", "none")
+    unfused = json.loads(run(*args).output)
+    r = run(*args, "--cross-entropy-loss-fusion")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["step_time_s"] < unfused["step_time_s"]

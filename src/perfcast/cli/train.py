@@ -80,6 +80,11 @@ def train_command(
         "--no-gradient-accumulation-fusion",
         help="add each microbatch's weight gradients into the accumulated ones in place "
              "(Megatron-LM before 2022-02); default: accumulated inside the wgrad GEMMs")] = False,
+    cross_entropy_loss_fusion: Annotated[bool, typer.Option(
+        "--cross-entropy-loss-fusion",
+        help="the loss as one fused pass over the logits (Megatron "
+             "--cross-entropy-loss-fusion); default: the fp32 passes of Megatron's "
+             "vocab_parallel_cross_entropy")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="table | json")] = OutputFormat.table,
     chrome_trace: Annotated[Optional[Path], typer.Option(
         "--chrome-trace", help="write the pipeline schedule as a Chrome trace JSON (every "
@@ -130,7 +135,8 @@ def train_command(
                                   overlap_param_gather=overlap_param_gather,
                                   grad_bucket_params=ddp_bucket_size,
                                   gradient_accumulation_fusion=(
-                                      not no_gradient_accumulation_fusion))
+                                      not no_gradient_accumulation_fusion),
+                                  cross_entropy_loss_fusion=cross_entropy_loss_fusion)
         result = estimate_training(request, resolver)
         warning = evidence_silence(_AllOps(result), layer, context)
         if warning:

@@ -318,11 +318,13 @@ def drop_one_layer(tasks: list[Task], *, first: bool) -> list[Task]:
 
 def build_chunk(graph: TaskGraph, chunk: int, layout: TrainingLayout, tiers: Tiers, *,
                 attention_kernel: str, attention_dropout: bool,
-                tp_comm_overlap: bool = False, grad_bucket_params: int = 0) -> ChunkGraphs:
+                tp_comm_overlap: bool = False, grad_bucket_params: int = 0,
+                cross_entropy_loss_fusion: bool = False) -> ChunkGraphs:
     """The ChunkGraphs of chunk `chunk` of the forward graph `graph` (all chunks)."""
     chunks = layout.chunks
     last = chunk == chunks - 1
-    forward = chunk_forward_tasks(graph, chunk, last)
+    forward = chunk_forward_tasks(graph, chunk, last,
+                                  cross_entropy_loss_fusion=cross_entropy_loss_fusion)
     if chunk == 0 and layout.account_for_embedding_in_pipeline_split:
         forward = drop_one_layer(forward, first=True)
     if last and layout.account_for_loss_in_pipeline_split:

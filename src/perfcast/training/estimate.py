@@ -90,6 +90,11 @@ class TrainingRequest:
     # place after the first (Megatron-LM of 2021, torch or local DDP without contiguous
     # buffers: 2 + 2 bytes read, 2 written per parameter per microbatch)
     gradient_accumulation_fusion: bool = True
+    # Megatron-LM's --cross-entropy-loss-fusion (store_true, default off; before 2024 there
+    # was no fused path). Off: the loss runs the memory passes of vocab_parallel_cross_entropy
+    # over the fp32-cast logits (graph.CROSS_ENTROPY_PASSES, 38 bytes per 16-bit logit forward,
+    # 14 backward); on: one read of the logits
+    cross_entropy_loss_fusion: bool = False
 
 
 @dataclass(frozen=True)
@@ -391,7 +396,8 @@ def estimate_training(request: TrainingRequest, resolver: CostResolver | None = 
     chunks = [build_chunk(graph, c, lay, tiers, attention_kernel=request.attention_kernel,
                           attention_dropout=attn_dropout,
                           tp_comm_overlap=request.tp_comm_overlap,
-                          grad_bucket_params=request.grad_bucket_params)
+                          grad_bucket_params=request.grad_bucket_params,
+                          cross_entropy_loss_fusion=request.cross_entropy_loss_fusion)
               for c in range(lay.chunks)]
     resolver = resolver or build_resolver(system)
     ctx = request.context

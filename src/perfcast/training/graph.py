@@ -68,7 +68,8 @@ def forward_graph(model: ModelSpec, plan: ParallelPlan, batch: Batch, precision:
     return build_task_graph(model, plan, batch, precision, logits="all", training=True)
 
 
-def chunk_forward_tasks(graph: TaskGraph, chunk: int, last: bool) -> list[Task]:
+def chunk_forward_tasks(graph: TaskGraph, chunk: int, last: bool, *,
+                        cross_entropy_loss_fusion: bool = False) -> list[Task]:
     """Forward tasks of one chunk as training runs them (stage 0, see module docstring)."""
     tasks = [t for t in graph.tasks if t.stage == chunk]
     drop = {t.lineage for t in tasks if t.operation in DROPPED_OPERATIONS
@@ -77,7 +78,7 @@ def chunk_forward_tasks(graph: TaskGraph, chunk: int, last: bool) -> list[Task]:
     present = {t.lineage for t in kept}
     out = [replace(t, stage=0, deps=tuple(d for d in t.deps if d in present)) for t in kept]
     if last:
-        out.extend(loss_tasks(graph, out))
+        out.extend(loss_tasks(graph, out, fused=cross_entropy_loss_fusion))
     return out
 
 
@@ -99,23 +100,63 @@ def drop_tasks(tasks: list[Task], drop: set[str]) -> list[Task]:
     return out
 
 
-def loss_tasks(graph: TaskGraph, tasks: list[Task]) -> list[Task]:
+# Megatron-LM's vocab_parallel_cross_entropy without `--cross-entropy-loss-fusion` (the
+# only path before that flag and its default since, off: megatron/training/arguments.py at
+# f2e5db402c): the passes over the rank's logits, (pass, bytes read, bytes written) per
+# logit in fp32 after the cast of the 16-bit logits (megatron/mpu/cross_entropy.py and
+# megatron/model/gpt_model.py `output.float()` at de7dc40f88 and 2e90a342f5;
+# megatron/core/tensor_parallel/cross_entropy.py `calculate_logits_max` at f2e5db402c).
+# Forward: the cast, the max, the in-place subtract, exp (out= in place), the sum, the
+# in-place divide to the softmax kept for backward; backward: the in-place multiply by the
+# loss gradient and the cast's backward to the logits' dtype. Per-token work (the target
+# gather, the log, the target's -1) is not counted.
+CROSS_ENTROPY_PASSES = (("cast_fp32", None, 4), ("max", 4, 0), ("sub", 4, 4), ("exp", 4, 4),
+                        ("sum", 4, 0), ("div", 4, 4))
+CROSS_ENTROPY_BACKWARD_PASSES = (("mul", 4, 4), ("cast_back", 4, None))
+
+
+def cross_entropy_bytes(logit_bytes: int) -> tuple[float, float, float, float]:
+    """(forward read, forward written, backward read, backward written) per logit of the
+    unfused passes; `None` in a pass is the logits' own size (no cast when they are fp32)."""
+    def total(passes):
+        r = w = 0.0
+        for _, read, written in passes:
+            if logit_bytes == 4 and None in (read, written):
+                continue            # .float() of an fp32 tensor is the tensor itself
+            r += logit_bytes if read is None else read
+            w += logit_bytes if written is None else written
+        return r, w
+
+    return (*total(CROSS_ENTROPY_PASSES), *total(CROSS_ENTROPY_BACKWARD_PASSES))
+
+
+def loss_tasks(graph: TaskGraph, tasks: list[Task], *, fused: bool = False) -> list[Task]:
     """Vocab-parallel cross-entropy over the logits (Megatron-LM): per token the max,
     the sum of exponentials and the target logit are all-reduced over TP (three
-    all-reduces of one fp32 per token); ~5 FLOPs per logit (cast, subtract, exp, sum)."""
+    all-reduces of one fp32 per token); ~5 FLOPs per logit (cast, subtract, exp, sum).
+    Unfused (Megatron's default): the memory passes of CROSS_ENTROPY_PASSES forward and
+    CROSS_ENTROPY_BACKWARD_PASSES backward, one task each way. `fused`
+    (`--cross-entropy-loss-fusion`): one read of the logits forward, the generic backward."""
     head = next(t for t in tasks if t.group == "final.lm_head")
     logits = head.outputs[0]
     tokens, local_vocab = logits.shape[0], logits.shape[1]
     devices = head.devices
+    n = float(tokens * local_vocab)
+    if fused:
+        read, written, attrs = logits.nbytes, tokens * 4.0, FrozenDict()
+    else:
+        fr, fw, br, bw = cross_entropy_bytes(dtype_bytes(logits.dtype))
+        read, written = fr * n, fw * n + tokens * 4.0
+        attrs = FrozenDict({"backward_bytes_read": br * n + tokens * 4.0,
+                            "backward_bytes_written": bw * n})
     ce = Task(lineage="loss.cross_entropy", group="loss.cross_entropy",
               operator="tensor_cast.vocab_parallel_cross_entropy.default",
               operation="cross_entropy", kind=TaskKind.COMPUTE,
               inputs=(logits,), outputs=(TensorSpec((tokens,), "fp32"),),
-              work=Work(flops=5.0 * tokens * local_vocab, engine=Engine.VECTOR,
-                        compute_dtype="fp32", bytes_read=logits.nbytes,
-                        bytes_written=tokens * 4.0,
+              work=Work(flops=5.0 * n, engine=Engine.VECTOR,
+                        compute_dtype="fp32", bytes_read=read, bytes_written=written,
                         axes=FrozenDict({"tokens": tokens, "numel": tokens * local_vocab})),
-              deps=(head.lineage,), devices=devices)
+              deps=(head.lineage,), devices=devices, attributes=attrs)
     out = [ce]
     tp = graph.plan.tp
     if tp > 1:
