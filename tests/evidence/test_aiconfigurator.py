@@ -182,3 +182,48 @@ def test_unknown_dtype_and_mistyped_shape(tmp_path):
 def test_folder_without_tables_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="no supported AIConfigurator table"):
         import_system(tmp_path, hardware="h100_sxm")
+
+
+REF_H200_VLLM_COMM = (Path(__file__).parents[3] / "shared" / "reference" / "aiconfigurator"
+                      / "h200_sxm" / "comm" / "vllm" / "0.24.0")
+
+
+def _collector_folder(root: Path, system: str) -> Path:
+    """A version folder laid out as AIConfigurator writes it, whose collection_meta.yaml
+    names a collector variant (`wideep_vllm`) rather than the folder's framework: the
+    real H200 vLLM 0.24.0 comm folder's meta and custom all-reduce rows (8 GPUs)."""
+    meta = (REF_H200_VLLM_COMM / "collection_meta.yaml").read_text()
+    assert "framework: wideep_vllm" in meta
+    folder = root / system / "comm" / "vllm" / "0.24.0"
+    folder.mkdir(parents=True)
+    (folder / "collection_meta.yaml").write_text(meta)
+    t = pq.read_table(REF_H200_VLLM_COMM / "custom_allreduce_perf.parquet")
+    pq.write_table(t.filter(pc.field("num_gpus") == 8), folder / "custom_allreduce_perf.parquet")
+    return folder
+
+
+def test_collector_variant_tables_serve_the_layouts_framework(tmp_path):
+    folder = _collector_folder(tmp_path, "h200_sxm")
+    db = import_system(folder, hardware="h200_sxm")
+    runtimes = set(db.table.column("sel.str.runtime").to_pylist())
+    assert runtimes == {"vllm"}
+    table_meta = [s for s in db.sources if isinstance(s, dict) and s.get("table")]
+    assert table_meta and all(s.get("collector") == "wideep_vllm" for s in table_meta)
+    row = pq.read_table(folder / "custom_allreduce_perf.parquet").filter(
+        (pc.field("message_size") == 1048576) & (pc.field("backend") == "vllm_graph")
+    ).to_pylist()[0]
+    est = PerformanceDatabaseProvider(db).estimate(CostQuery(
+        subject=CostSubject.COMMUNICATION, operation="all_reduce", hardware="h200_sxm",
+        dtype="bf16", dims=FrozenDict({"message_bytes": 2 * 1048576, "participants": 8,
+                                       "backend": "vllm_graph"}),
+        context=CostQueryContext(runtime="vllm", runtime_revision="0.24.0",
+                                 implementation=row["kernel_source"])))
+    assert est.latency_s == pytest.approx(row["latency"] * 1e-3)
+
+
+def test_outside_the_layout_the_meta_names_the_runtime(tmp_path):
+    # the same folder under a name that is no catalog system: nothing says which
+    # runtime the folder serves, so the meta's framework stays the runtime
+    folder = _collector_folder(tmp_path, "my_tables")
+    db = import_system(folder, hardware="h200_sxm")
+    assert set(db.table.column("sel.str.runtime").to_pylist()) == {"wideep_vllm"}

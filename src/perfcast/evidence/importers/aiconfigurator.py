@@ -3,7 +3,10 @@
 Layout: `<system>/<family>/<framework>/<version>/<table>.parquet` with a
 `collection_meta.yaml` (runtime framework and version: authoritative over the Parquet
 `framework`/`version` columns) or a `reuse.yaml` (tables borrowed from another version:
-imported under this folder's version, provenance noting the donor).
+imported under this folder's version, provenance noting the donor). Inside that layout
+the `<framework>` folder is the runtime the tables serve: a meta that names a collector
+variant (`wideep_vllm` under `comm/vllm/`) is recorded as the table's `collector`
+(`layout_runtime`).
 
 Latency is milliseconds per call, stored as seconds. Every row becomes one record whose
 selector holds its shape plus three runtime selectors that must match the query:
@@ -196,7 +199,8 @@ TABLES: dict[str, TableMapping] = {
 
 def import_table(path: str | Path, *, hardware: str | None, framework: str, version: str,
                  table_name: str | None = None, source_revision: str = "",
-                 status: str = "", runtime_from: str = "") -> PerformanceDatabase:
+                 status: str = "", runtime_from: str = "", collector: str = ""
+                 ) -> PerformanceDatabase:
     """One AIConfigurator Parquet table -> a database (all-or-nothing). The rows are
     labelled `hardware`; a `device` column naming another model is an error. With
     `hardware=None` the system is the one the `device` column names."""
@@ -281,6 +285,8 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         meta["status"] = status
     if runtime_from:
         meta["runtime_from"] = runtime_from
+    if collector:
+        meta["collector"] = collector
     columns.update({
         "record_id": row_ids(f"{rel}#", n),
         "subject": const(mapping.subject.value, n),
@@ -333,6 +339,22 @@ def table_system(table: pa.Table, hardware: str | None, src: str) -> str:
     return named.pop()
 
 
+def layout_runtime(version_folder: Path, meta_framework: str) -> tuple[str, str]:
+    """(runtime framework of the records, collector) of a version folder whose
+    `collection_meta.yaml` names `meta_framework`. In AIConfigurator's layout the
+    `<framework>` folder is the data backend the tables serve; a collector variant
+    writes under its base framework's folder and names itself in the meta
+    (`collector/framework_manifest.yaml`: `wideep_sglang` with `base_framework: sglang`,
+    `data_backend: sglang`, "writes under <family>/sglang/<its version>/"). So inside the
+    layout (a catalog system three levels up) a meta framework that is not the folder's
+    is the collector, and the records serve the folder's framework; outside the layout
+    the meta's framework is the runtime."""
+    folder_fw = version_folder.parent.name
+    if meta_framework.lower() == folder_fw.lower() or folder_system(version_folder) is None:
+        return meta_framework, ""
+    return folder_fw, meta_framework
+
+
 def folder_system(version_folder: Path) -> str | None:
     """The catalog name of `<system>` in `<system>/<family>/<framework>/<version>`, or
     None when that folder is not named after a catalog device (or an alias of one)."""
@@ -377,10 +399,11 @@ def _plan(folder: Path, root: Path, wanted: set[str]) -> tuple[list[tuple[Path, 
     framework, version = folder.parent.name, folder.name
     listed: set[str] = set()
     meta_path = folder / "collection_meta.yaml"
+    collector = ""
     if meta_path.exists():
         meta = _read_yaml(meta_path)
         runtime = meta.get("runtime") or {}
-        framework = str(runtime.get("framework", framework))
+        framework, collector = layout_runtime(folder, str(runtime.get("framework", framework)))
         version = str(runtime.get("version", version))
         for table, info in sorted((meta.get("tables") or {}).items()):
             listed.add(table)
@@ -393,7 +416,7 @@ def _plan(folder: Path, root: Path, wanted: set[str]) -> tuple[list[tuple[Path, 
                 skipped.append({"path": rel(path), "reason": reason})
                 continue
             todo.append((path, dict(framework=framework, version=version, table_name=table,
-                                    status=status)))
+                                    status=status, collector=collector)))
     reuse_path = folder / "reuse.yaml"
     if reuse_path.exists():
         for entry in _read_yaml(reuse_path).get("reuse") or []:
@@ -484,6 +507,11 @@ def table_runtime(path: Path, framework: str | None = None, version: str | None 
         for key in ("framework", "version"):
             if runtime.get(key) not in (None, ""):
                 said[key] = (str(runtime[key]), meta.name)
+        if "framework" in said:
+            fw, collector = layout_runtime(path.parent, said["framework"][0])
+            if collector:
+                said["framework"] = (fw, f"the layout's framework folder (collector {collector} "
+                                         f"in {meta.name})")
     try:
         names = set(pq.read_schema(path).names)
         wanted = [k for k in ("framework", "version") if k in names and k not in said]
