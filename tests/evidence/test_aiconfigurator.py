@@ -227,3 +227,73 @@ def test_outside_the_layout_the_meta_names_the_runtime(tmp_path):
     folder = _collector_folder(tmp_path, "my_tables")
     db = import_system(folder, hardware="h200_sxm")
     assert set(db.table.column("sel.str.runtime").to_pylist()) == {"wideep_vllm"}
+
+
+# --- MLA kernel tables are keyed by the rank-local head count --------------------------
+# The H100/H200 TRT-LLM 1.3.0rc20 tables hold 16 local heads under tp_size 4 (the collector
+# swept a 64-head model); DeepSeek-V3 (128 heads) at TP 8 runs the same 16 heads a rank.
+
+TRT20 = {"runtime": "trtllm", "runtime_revision": "1.3.0rc20", "implementation": "default"}
+
+
+@pytest.mark.parametrize("tp_size", [1, 4, 8])
+def test_mla_rows_answer_every_layout_with_their_local_heads(provider, tp_size):
+    ctx = rows("mla/trtllm/1.3.0rc20/context_mla_perf.parquet", batch_size=1, isl=4096,
+               kv_cache_dtype="fp8")[0]
+    assert (ctx["num_heads"], ctx["tp_size"]) == (16, 4)
+    dims = {"batch": 1, "q_tokens": 4096, "kv_len": 4096, "heads": 16, "tp_size": tp_size,
+            "phase": "prefill", "kv_dtype": "fp8"}
+    est = provider.estimate(q("mla_attention", "bf16", dims, **TRT20))
+    assert est.latency_s == pytest.approx(ctx["latency"] * 1e-3, rel=1e-12)
+    assert "heads" in dict(est.validity) and "tp_size" not in dict(est.validity)
+    gen = rows("mla/trtllm/1.3.0rc20/generation_mla_perf.parquet", batch_size=2, step=1023,
+               kv_cache_dtype="fp8")[0]
+    dims = {"batch": 2, "q_tokens": 1, "kv_len": 1024, "heads": 16, "tp_size": tp_size,
+            "phase": "decode", "kv_dtype": "fp8"}
+    est = provider.estimate(q("mla_attention", "bf16", dims, **TRT20))
+    assert est.latency_s == pytest.approx(gen["latency"] * 1e-3, rel=1e-12)
+    # another local head count is another kernel shape: no row answers it
+    other = {**dims, "heads": 32}
+    assert isinstance(provider.estimate(q("mla_attention", "bf16", other, **TRT20)), Miss)
+
+
+def test_mla_rows_of_two_models_at_one_local_head_count_are_samples_of_one_point(tmp_path):
+    """A table holding a 64-head model at TP 4 and a 128-head model at TP 8 (both 16
+    heads a rank, as SGLang's and vLLM's tables do): one point, the median of both."""
+    base = dict(framework="TRTLLM", version="1.3.0rc20", device="NVIDIA H100 80GB HBM3",
+                op_name="mla_context", kernel_source="default", mla_dtype="bfloat16",
+                kv_cache_dtype="fp8", num_heads=16, batch_size=1, isl=1024, step=0)
+    table = pa.Table.from_pylist([{**base, "tp_size": 4, "latency": 0.030},
+                                  {**base, "tp_size": 8, "latency": 0.034}])
+    path = tmp_path / "context_mla_perf.parquet"
+    pq.write_table(table, path)
+    db = import_table(path, hardware="h100_sxm", framework="trtllm", version="1.3.0rc20")
+    dims = {"batch": 1, "q_tokens": 1024, "kv_len": 1024, "heads": 16, "tp_size": 8,
+            "phase": "prefill", "kv_dtype": "fp8"}
+    est = PerformanceDatabaseProvider(db).estimate(q("mla_attention", "bf16", dims, **TRT20))
+    assert est.latency_s == pytest.approx(0.032e-3)
+    assert est.uncertainty.sample_count == 2
+
+
+def test_deepseek_prefill_attention_at_tp8_comes_from_the_mla_context_table(db):
+    """The MLA core of a DeepSeek-V3 prefill step at TP 8 (16 heads a rank) is the
+    table's row, not the roofline; the GEMMs around it are other tasks."""
+    from perfcast.evidence.factory import build_resolver, measured_providers
+    from perfcast.evidence.queries import query_for_task
+    from perfcast.hardware import load_system
+    from perfcast.workload import Batch, ParallelPlan, build_task_graph, load_model_spec
+    from perfcast.workload.quant import precision_for_model
+
+    spec = load_model_spec("deepseek-ai/DeepSeek-V3")
+    precision = precision_for_model(spec, kv_cache_dtype="fp8")
+    system = load_system("h100_sxm")
+    resolver = build_resolver(system, measured_providers([db], system))
+    graph = build_task_graph(spec, ParallelPlan(tp=8, ep=8), Batch.prefill(1, 4096), precision)
+    core = [t for t in graph.tasks if t.group == "mla.core"]
+    assert core and {t.work.axes["heads"] for t in core} == {16}
+    row = rows("mla/trtllm/1.3.0rc20/context_mla_perf.parquet", batch_size=1, isl=4096,
+               kv_cache_dtype="fp8")[0]
+    for task in core:
+        est = resolver.resolve(query_for_task(task, "h100_sxm", CostQueryContext(**TRT20)))
+        assert est.estimate.method.value == "measured"
+        assert est.estimate.latency_s == pytest.approx(row["latency"] * 1e-3, rel=1e-9)

@@ -21,7 +21,7 @@ Shape mapping (see docs/evidence.md for the full table):
 | gemm_perf | gemm | m, n, k |
 | context_attention_perf | attention | batch, q_tokens=isl, kv_len=isl+step, heads, kv_heads, head_dim, v_head_dim=head_dim, phase=prefill, kv_dtype, [window], [beam_width] |
 | generation_attention_perf | attention | batch, q_tokens=isl (1), kv_len=isl+step, ..., phase=decode |
-| context_mla_perf / generation_mla_perf | mla_attention | batch, q_tokens, kv_len, heads, tp_size, phase, kv_dtype |
+| context_mla_perf / generation_mla_perf | mla_attention | batch, q_tokens, kv_len, heads (rank-local; the table's tp_size is not a key), phase, kv_dtype |
 | moe_perf | moe | tokens, hidden_size, inter_size, topk, num_experts, moe_tp, moe_ep, distribution |
 | nccl_perf | all_reduce, all_gather, reduce_scatter, all_to_all | message_bytes = message_size x dtype bytes, participants |
 | custom_allreduce_perf | all_reduce | message_bytes, participants, backend |
@@ -57,7 +57,7 @@ from perfcast.evidence.importers.common import (
 )
 
 IMPORTER = "aiconfigurator"
-IMPORTER_REVISION = "1"
+IMPORTER_REVISION = "2"   # 2: MLA kernel rows keyed by local heads (no tp_size)
 SOURCE = "aiconfigurator"
 MS = 1e-3
 
@@ -153,10 +153,18 @@ _ATTN = (("batch", col("batch_size")), ("q_tokens", col("isl")),
          ("window", unless("window_size", 0)), ("beam_width", unless("beam_width", 1)))
 _ATTN_REQ = ("batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
              "attn_dtype", "kv_cache_dtype", "kernel_source", "latency")
+# MLA kernel rows are keyed by the rank-local head count alone: the kernel's work is
+# fixed by the local heads (kv_lora_rank 512 and qk_rope_head_dim 64 are the same in
+# every collected model), and the collectors sweep local heads under a `tp_size` that
+# names a model's tensor parallelism, not a kernel input (the H200 TRT-LLM 1.3.0rc20
+# table holds 16 local heads at tp_size 4 -- a 64-head model -- where DeepSeek-V3 at TP 8
+# also runs 16; AIConfigurator's loader keys the same tables by local heads only:
+# docs/perf_database/head-axis-keying.md, "MLA kernel ... local-only"). Rows of two
+# models at one local head count are repeated samples of one point (median).
 _MLA = (("batch", col("batch_size")), ("q_tokens", col("isl")),
         ("kv_len", plus("isl", "step")), ("heads", col("num_heads")),
-        ("tp_size", col("tp_size")), ("kv_dtype", dtype_of("kv_cache_dtype")))
-_MLA_REQ = ("batch_size", "isl", "step", "num_heads", "tp_size", "mla_dtype",
+        ("kv_dtype", dtype_of("kv_cache_dtype")))
+_MLA_REQ = ("batch_size", "isl", "step", "num_heads", "mla_dtype",
             "kv_cache_dtype", "kernel_source", "latency")
 
 TABLES: dict[str, TableMapping] = {
