@@ -199,9 +199,11 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert (sched.attention_dp_balance, sched.attention_dp_timeout_iters,
             sched.attention_dp_batching_wait_iters) == (True, 60, 0)
     assert any("dsr1_fp8_h200_trt" in n for n in notes)
+    assert cfg.backend.kv_cache.memory_fraction == 0.75   # the script's KV fraction
     cfg, _ = row_config({**base, "batch_size": "16", "tp_size": "8", "attention_dp_size": "1"},
                         ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.attention_dp_balance is False
+    assert cfg.backend.kv_cache.memory_fraction == 0.75   # with or without attention DP
     cfg, _ = row_config({**adp, "system": "h100_sxm"}, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.attention_dp_balance is False
     # disagg rows ran other launch scripts: no recipe
@@ -215,6 +217,29 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert cfg.decode_pool.plan.dp == 8
     assert cfg.backend.scheduler.attention_dp_balance is False
     assert not any("harness recipe" in n for n in notes)
+
+
+def test_deepseek_r1_sglang_h200_agg_rows_keep_the_kv_cache_the_launch_script_leaves():
+    # InferenceX dsr1_fp8_h200.sh passes no --kv-cache-dtype (SGLang's default: the model
+    # precision, BF16), so an fp8-labelled agg row caches BF16; the label's fp8 stays for
+    # other engines, other systems and the disagg rows (other launch scripts)
+    rules = load_rules()
+    base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm",
+            "backend": "sglang", "backend_version": "0.5.9", "precision": "fp8",
+            "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
+            "moe_quant_mode": "fp8_block", "pp_size": "1", "batch_size": "16",
+            "tp_size": "8", "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
+            "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    models = ModelResolver(None, rules)
+    cfg, notes = row_config(base, models, rules)
+    assert cfg.precision.kv_cache == "bf16"
+    assert any("KV cache bf16" in n and "dsr1_fp8_h200" in n for n in notes)
+    cfg, _ = row_config({**base, "isl": "1024", "osl": "1024"}, models, rules)
+    assert cfg.precision.kv_cache == "bf16"
+    for other in ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2"},
+                  {"system": "h100_sxm"}, {"model_path": "deepseek-ai/DeepSeek-V3"}):
+        cfg, _ = row_config({**base, **other}, models, rules)
+        assert cfg.precision.kv_cache == "fp8", other
 
 
 def test_package_rules_and_code_carry_no_validation_file_labels():

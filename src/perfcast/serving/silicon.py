@@ -318,6 +318,13 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
             budget = int(multiple) * isl
             notes.append(f"token budget {budget} = {multiple} x isl ({recipe['source']})")
         sched_changes["token_budget"] = budget
+    kv_dtype = recipe.get("kv_cache_dtype")
+    if kv_dtype and kv_dtype != precision.kv_cache:
+        # the launch script's KV-cache dtype (e.g. none given: the engine's default)
+        precision = replace(precision, kv_cache=precision_for_model(
+            model, kv_cache_dtype=kv_dtype).kv_cache)
+        notes.append(f"KV cache {precision.kv_cache}, not the precision label's "
+                     f"({recipe['source']})")
     settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
     sched_changes.update(recipe.get("scheduler", {}))
     if recipe.get("kv_cache"):
