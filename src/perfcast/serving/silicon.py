@@ -11,8 +11,10 @@ model, unsupported architecture, ...) and no number. How rows are read is data:
 from __future__ import annotations
 
 import csv
+import gc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -431,7 +433,7 @@ def _disagg_layout(row: dict, system: System, rules: dict
 
 def deployment_graph_options(cfg: ServeConfig, system: System) -> dict:
     """The graph options the deployment's step model builds with (its `--stack`)."""
-    return stack_options(resolve_stack(cfg.stack, system.device.vendor))
+    return stack_options(_stack_of(cfg, system))
 
 
 def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
@@ -456,10 +458,8 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
     in_decode = closed_loop_in_decode(cfg.concurrency, cfg.osl, ttft_ms, tpot_ms)
     per_replica = max(1, int(in_decode / max(pool.workers, 1)))
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
-    graph = build_task_graph(cfg.model, pool.plan, Batch.decode(per_replica, cfg.isl),
-                             cfg.precision, **deployment_graph_options(cfg, system))
-    moved = sum(t.work.bytes_total * t.count for t in graph.tasks
-                if t.kind is TaskKind.COMPUTE)
+    moved = _graph_sum("bytes", cfg.model, pool.plan, Batch.decode(per_replica, cfg.isl),
+                       cfg.precision, system, _stack_of(cfg, system))
     bound_ms = 1e3 * moved / system.device.memory.bw_bytes_per_s
     if tpot_ms >= bound_ms:
         return None
@@ -467,6 +467,48 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
             f"step of the {in_decode:.0f} requests the row's TTFT and TPOT put in decode "
             f"(Little's law) needs to move {moved / 1e9:.1f} GB per device at peak HBM "
             f"bandwidth: the measurement contradicts the deployment it describes")
+
+
+# _graph_sum's values by content (rows of one deployment at other concurrencies ask
+# the same graphs); bounded, cleared when full
+_GRAPH_SUMS: dict[tuple, float] = {}
+GRAPH_SUMS_MAX = 4096
+
+
+def _stack_of(cfg: ServeConfig, system: System):
+    """The operator stack the deployment's graphs are built under (its `--stack`)."""
+    return resolve_stack(cfg.stack, system.device.vendor)
+
+
+def _graph_sum(what: str, model: ModelSpec, plan: ParallelPlan, batch: Batch,
+               precision: Precision | None, system: System, stack=None) -> float:
+    """Over the compute tasks of `batch`'s graph under `stack` (`deployment_graph_options`):
+    the bytes they move (`bytes`), or their FLOPs at the system's peak rate for each
+    task's engine and math dtype (`peak_s`), summed in graph order; memoised by the
+    digests of model, plan and system and the stack's name (as `built_halves`)."""
+    key = (what, model.digest, plan.digest, precision, batch, system.digest,
+           None if stack is None else stack.name)
+    hit = _GRAPH_SUMS.get(key)
+    if hit is not None:
+        return hit
+    graph = build_task_graph(model, plan, batch, precision, **stack_options(stack))
+    if what == "bytes":
+        out = sum(t.work.bytes_total * t.count for t in graph.tasks
+                  if t.kind is TaskKind.COMPUTE)
+    else:
+        out = 0.0
+        for t in graph.tasks:
+            if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
+                continue
+            engine = system.device.engines.get(str(getattr(t.work.engine, "value",
+                                                           t.work.engine)))
+            peak = engine.peak_for(t.work.compute_dtype) if engine is not None else None
+            if peak:
+                out += t.work.flops * t.count / peak
+    if len(_GRAPH_SUMS) >= GRAPH_SUMS_MAX:
+        _GRAPH_SUMS.clear()
+    _GRAPH_SUMS[key] = out
+    return out
 
 
 def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
@@ -492,16 +534,9 @@ def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str
     prompt = max(1, int(cfg.range_ratio * cfg.isl))
     dp = max(1, pool.plan.dp)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
-    graph = build_task_graph(cfg.model, pool.plan, Batch.prefill(dp, prompt), cfg.precision,
-                             **deployment_graph_options(cfg, system))
-    busy_s = 0.0          # one device's busy time for a step of one prompt per rank
-    for t in graph.tasks:
-        if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
-            continue
-        engine = system.device.engines.get(str(getattr(t.work.engine, "value", t.work.engine)))
-        peak = engine.peak_for(t.work.compute_dtype) if engine is not None else None
-        if peak:
-            busy_s += t.work.flops * t.count / peak
+    # one device's busy time for a step of one prompt per rank
+    busy_s = _graph_sum("peak_s", cfg.model, pool.plan, Batch.prefill(dp, prompt),
+                        cfg.precision, system, _stack_of(cfg, system))
     steps_per_s = rate / (dp * max(pool.workers, 1))   # such steps per second and device
     needed = busy_s * steps_per_s                      # busy seconds per second
     if needed <= 1.0:
@@ -510,6 +545,25 @@ def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str
             f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
             f"{needed:.2f} s of matrix math per second on each device at peak rate: the "
             f"measurement contradicts the deployment it describes")
+
+
+# cyclic-GC thresholds while rows are simulated (generations 0, 1, 2; CPython's default
+# is 700, 10, 10): the rows allocate millions of short-lived objects next to a large
+# long-lived heap (evidence indexes, built graphs, costed terms), and each full
+# collection walks all of it (~10 % of a run's CPU). Reference counting still frees
+# everything acyclic at once; cycles are still collected, less often. No value changes.
+LONG_RUN_GC_THRESHOLDS = (100_000, 20, 10)
+
+
+@contextmanager
+def long_run_gc(thresholds: tuple[int, int, int] = LONG_RUN_GC_THRESHOLDS) -> Iterator[None]:
+    """Collect cycles less often inside the block (thresholds restored on exit)."""
+    old = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
@@ -533,9 +587,16 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
     resolve_stack(stack, "")   # an unknown name fails here, not on every row
+    with long_run_gc():
+        return _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statistic,
+                              seed, cache if cache is not None else StepModelCache(),
+                              analytic_for, stack)
+
+
+def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statistic, seed,
+                   cache, analytic_for, stack) -> list[RowResult]:
     rules = load_rules()
     models = ModelResolver(configs_dir, rules)
-    cache = cache if cache is not None else StepModelCache()
     out: list[RowResult] = []
     for i, row in enumerate(rows):
         res = RowResult(
