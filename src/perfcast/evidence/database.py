@@ -353,6 +353,14 @@ def _conform(table: pa.Table) -> pa.Table:
     return pa.table(arrays)
 
 
+def _one_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array: its only chunk as it is (combining one chunk copies every
+    value), else the chunks combined."""
+    if not isinstance(col, pa.ChunkedArray):
+        return col
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def _normalise(table: pa.Table) -> pa.Table:
     """Check the schema and values; return the table with canonical types, sorted columns."""
     missing = [c for c in (*STRING_COLUMNS, "latency_s") if c not in table.column_names]
@@ -390,7 +398,7 @@ def _normalise(table: pa.Table) -> pa.Table:
         else:
             raise ConfigError(f"unknown database column {name!r}",
                               expected="core, provenance, metadata, latency_s or sel.* columns")
-        arrays[name] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        arrays[name] = _one_array(col)
     table = pa.table(arrays)
     for name, allowed in (("subject", _SUBJECTS), ("method", _METHODS), ("dtype", _DTYPES)):
         bad = set(pc.unique(table.column(name)).to_pylist()) - allowed

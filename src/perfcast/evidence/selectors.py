@@ -225,8 +225,9 @@ def row_codes(db: PerformanceDatabase) -> RowCodes:
     groups = [tuple(prov_dicts[j][prov_codes[j][r]] for j in range(len(PROVENANCE_COLUMNS)))
               for r in group_first]
     sel_cols = db.selector_columns
-    words_all = np.zeros((n, len(sel_cols)), dtype=np.int64)
-    valid_all = np.zeros((n, len(sel_cols)), dtype=bool)
+    # column-major: each selector column is written (and sliced) whole
+    words_all = np.zeros((n, len(sel_cols)), dtype=np.int64, order="F")
+    valid_all = np.zeros((n, len(sel_cols)), dtype=bool, order="F")
     code_maps: list[dict | None] = []
     code_values: list[list | None] = []
     for j, name in enumerate(sel_cols):
