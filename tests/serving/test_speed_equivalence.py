@@ -116,3 +116,32 @@ def test_percentiles_equal_numpys_linear_percentile_bit_for_bit():
         assert percentiles(v, qs) == [float(p) for p in np.percentile(v, list(qs))]
     with_nan = np.array([1.0, np.nan, 3.0])
     assert np.isnan(percentiles(with_nan, (50,))[0])
+
+
+def test_unrolled_decode_attention_equals_the_generic_interpolation_bit_for_bit():
+    """kernel_parts' and _decode_gpu_at's unrolled attn_decode (`_attn_decode_sums`)
+    equals context_term's bilinear interpolation through Part arithmetic, at grid nodes,
+    between them and below context 1."""
+    m = StepCostModel(MODEL, ParallelPlan(tp=2), SYSTEM,
+                      build_resolver(SYSTEM, launch_in_kernel_times=False))
+    rng = random.Random(3)
+    for _ in range(300):
+        requests = rng.choice([1, 2, 3, 5, 8, 13, 64, 100])
+        context = rng.choice([0.25, 1.0, 2.0, 6.0, 7.5, 1024.0, 3000.0]) + rng.choice([0.0, rng.random()])
+        y = context if context >= 1.0 else 1.0
+        fast = m._attn_decode_sums(requests, y)
+        slow = m.context_term(m.attn_decode_exact, requests, context)
+        assert fast == (slow.kernel_s, slow.kernels, slow.comm_s)
+
+
+def test_kernel_parts_is_the_same_with_and_without_the_unrolled_decode_term():
+    from perfcast.serving.step_cost import StepShape
+
+    m = StepCostModel(MODEL, ParallelPlan(tp=2), SYSTEM,
+                      build_resolver(SYSTEM, launch_in_kernel_times=False),
+                      cuda_graph=CudaGraphConfig(max_batch=64))
+    shapes = [StepShape(17, 431.37, ((96, 0), (512, 1024))), StepShape(3, 0.5),
+              StepShape(64, 2048.0), StepShape(0, 0.0, ((300, 0),)), StepShape(5, 12.125)]
+    fast = [m.kernel_parts(s) for s in shapes]
+    m._plain_decode = False
+    assert [m.kernel_parts(s) for s in shapes] == fast

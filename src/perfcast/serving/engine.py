@@ -257,7 +257,9 @@ class Engine:
                 return []
             self.policy.on_idle()
             self.clock = max(self.clock, self.pending[0][0])
-        self._take_arrivals()
+        pending = self.pending
+        if pending and pending[0][0] <= self.clock:
+            self._take_arrivals()
         events: list[Event] = []
         n = self.n_decoding
         if self.incremental and n and self.kv_used + (
@@ -353,15 +355,21 @@ class Engine:
                 k = max(1, int(np.searchsorted(starts, limit, side="left")))
                 durations = durations[:k]
         start = self.clock
-        total = run_sum(durations)
+        if type(durations) is list:   # run_sum, inline
+            total = 0.0
+            for d in durations:
+                total += d
+        else:
+            total = float(durations.sum())
         # the shape only matters to a time split or an iteration record
         shape = StepShape(n, context) if self._split or self._records else None
         growth = n * (k - 1) / 2   # self._grown of it, inline
-        if self.tokens_per_step != 1.0:
-            growth = growth * self.tokens_per_step
-        self._account(start, total, shape, steps=k, kv_growth=growth)
+        tps = self.tokens_per_step
+        if tps != 1.0:
+            growth = growth * tps
+        self._account(start, total, shape, k, growth)
         end = start + total
-        events = self._decode_tokens(end, steps=k, durations=durations, total=total)
+        events = self._decode_tokens(end, k, durations, total)
         self.clock = end
         return events
 
@@ -369,8 +377,15 @@ class Engine:
         """Every decoding request emits `steps` tokens; the last ends at `end`.
         `durations`: None (one step), a numpy array or a short list (decode_run_head)."""
         n = self.n_decoding
-        first_end = end if durations is None or len(durations) == 1 \
-            else end - run_sum(durations[1:])
+        if durations is None or len(durations) == 1:
+            first_end = end
+        elif type(durations) is list:   # end - run_sum(durations[1:]), inline
+            rest = 0.0
+            for d in durations[1:]:
+                rest += d
+            first_end = end - rest
+        else:
+            first_end = end - float(durations[1:].sum())
         # ITL samples: newcomers measured from their last token, the rest from the
         # previous decode iteration, then `steps - 1` more iterations for everyone
         st = self.stats
@@ -399,12 +414,14 @@ class Engine:
             self.kv_used += grown
         self.last_decode_end = end
         events: list[Event] = []
-        while self.decoding and self.decoding[0][0] <= self.counter:
-            _, _, r = heapq.heappop(self.decoding)
+        decoding, counter = self.decoding, self.counter
+        while decoding and decoding[0][0] <= counter:
+            _, _, r = heapq.heappop(decoding)
             r.generated = r.output_tokens
             r.last_token_s = end
             self._leave_decode(r)
-            self._release(r, self._grown(self.counter - r.join_counter))
+            iterations = counter - r.join_counter   # self._grown of it, inline
+            self._release(r, iterations if tps == 1.0 else iterations * tps)
             r.finish_s = end
             events.append(Event(EventKind.FINISHED, r, end))
         return events

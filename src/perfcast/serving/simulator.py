@@ -150,7 +150,9 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             for e in changed:
                 times[position[e]] = e.next_time()
             changed.clear()
-        if count == 2:   # the first earliest engine; the other's time bounds its step
+        if count == 1:   # nothing else bounds its step
+            i, earliest, horizon = 0, times[0], inf
+        elif count == 2:   # the first earliest engine; the other's time bounds its step
             a, b = times
             i, earliest, horizon = (1, b, a) if b < a else (0, a, b)
         else:

@@ -104,13 +104,16 @@ def weighted_sum(terms) -> Part:
 def part_sum(terms) -> Part:
     """`p1 + p2 + ...` of at least one part; for plain Parts in floats (bit-identical)."""
     first = terms[0]
-    if type(first) is Part and all(type(p) is Part for p in terms):
+    if type(first) is Part:
         k, n, c = first.kernel_s, first.kernels, first.comm_s
         for p in terms[1:]:
+            if type(p) is not Part:
+                break
             k = k + p.kernel_s
             n = n + p.kernels
             c = c + p.comm_s
-        return Part(k, n, c)
+        else:
+            return Part(k, n, c)
     out = first
     for p in terms[1:]:
         out = out + p
@@ -190,7 +193,10 @@ class StepShape:
 
     @property
     def tokens(self) -> int:
-        return self.decode_requests + sum(q for q, _ in self.prefill)
+        n = self.decode_requests
+        for q, _ in self.prefill:
+            n += q
+        return n
 
     @property
     def sequences(self) -> int:
@@ -414,8 +420,14 @@ class StepCostModel:
         tokens, chunks = self.busiest_rank(shape)
         padded = self.graph_padded(shape, tokens)
         terms = [self.body(padded or tokens), self.head(max(shape.sequences, 1))]
-        if shape.decode_requests:
-            terms.append(self.attn_decode(shape.decode_requests, shape.decode_context))
+        requests = shape.decode_requests
+        if requests > 0 and self._plain_decode:   # attn_decode, unrolled (same floats)
+            context = shape.decode_context
+            sums = self._attn_decode_sums(requests, context if context >= 1.0 else 1.0)
+            terms.append(Part(*sums) if sums is not None
+                         else self.attn_decode(requests, context))
+        elif requests:
+            terms.append(self.attn_decode(requests, shape.decode_context))
         for q, c in chunks:
             terms.append(self.attn_prefill(q, c))
         return part_sum(terms), padded
@@ -561,16 +573,39 @@ class StepCostModel:
         operations in the same order; the communication share is not needed)."""
         if not self._plain_decode or requests <= 0 or type(fixed) is not Part:
             return self.gpu_s(fixed + self.attn_decode(requests, context), padded)
-        k = n = 0.0
-        for p, w in self._bilinear_terms(self.attn_decode_exact, requests,
-                                         context if context >= 1.0 else 1.0):
-            if type(p) is not Part:
-                return self.gpu_s(fixed + self.attn_decode(requests, context), padded)
-            k = k + p.kernel_s * w
-            n = n + p.kernels * w
+        sums = self._attn_decode_sums(requests, context if context >= 1.0 else 1.0)
+        if sums is None:
+            return self.gpu_s(fixed + self.attn_decode(requests, context), padded)
+        k, n, _ = sums
         ov = self.overheads
         launch = ov.kernel_launch_graph_s if padded else ov.kernel_launch_eager_s
         return (fixed.kernel_s + k) + (fixed.kernels + n) * launch
+
+    def _attn_decode_sums(self, requests: int, y: float) -> tuple[float, float, float] | None:
+        """(kernel_s, kernels, comm_s) of `attn_decode(requests, y)` (y >= 1, requests
+        > 0, interpolating): `_bracket`, `_bilinear_terms` and `weighted_sum` unrolled in
+        floats (no term list, no Part per term), the same operations in the same order;
+        None when a grid node's term is not a plain Part (the caller takes the generic
+        path)."""
+        bracket = self._bracket
+        x0, x1, wx = bracket(requests)
+        y0, y1, wy = bracket(y)
+        exact = self.attn_decode_exact
+        k = n = c = 0.0
+        for xi, a in ((x0, 1 - wx), (x1, wx)):
+            if a == 0.0:
+                continue
+            for yi, b in ((y0, 1 - wy), (y1, wy)):
+                if b == 0.0:
+                    continue
+                p = exact(xi, yi)
+                if type(p) is not Part:
+                    return None
+                w = a * b
+                k = k + p.kernel_s * w
+                n = n + p.kernels * w
+                c = c + p.comm_s * w
+        return k, n, c
 
     def _node_latency(self, requests: int, node: int, fixed: Part, padded: int | None) -> float:
         """GPU seconds of a decode-only iteration at a context grid node (decode_run_s's
