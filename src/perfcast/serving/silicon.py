@@ -431,11 +431,6 @@ def _disagg_layout(row: dict, system: System, rules: dict
     return prefill, decode, conc, notes
 
 
-def deployment_graph_options(cfg: ServeConfig, system: System) -> dict:
-    """The graph options the deployment's step model builds with (its `--stack`)."""
-    return stack_options(_stack_of(cfg, system))
-
-
 def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
     """Why a row's measurement contradicts the hardware, or None.
 
@@ -482,7 +477,7 @@ def _stack_of(cfg: ServeConfig, system: System):
 
 def _graph_sum(what: str, model: ModelSpec, plan: ParallelPlan, batch: Batch,
                precision: Precision | None, system: System, stack=None) -> float:
-    """Over the compute tasks of `batch`'s graph under `stack` (`deployment_graph_options`):
+    """Over the compute tasks of `batch`'s graph under `stack` (`_stack_of`):
     the bytes they move (`bytes`), or their FLOPs at the system's peak rate for each
     task's engine and math dtype (`peak_s`), summed in graph order; memoised by the
     digests of model, plan and system and the stack's name (as `built_halves`)."""
