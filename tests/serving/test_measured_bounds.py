@@ -70,7 +70,18 @@ def test_rows_faster_than_hbm_allows_are_named():
     # 3.35 TB/s, so a 5 ms TPOT with ~64 requests in decode is impossible
     reason = below_memory_bound(cfg, 200.0, 5.0)
     assert reason and "below" in reason and "GB per device" in reason
+    assert "routing" not in reason   # a dense model's bytes do not depend on a router
     assert below_memory_bound(cfg, 200.0, 40.0) is None
+
+
+def test_moe_rows_name_the_routing_their_bound_assumes():
+    rules = load_rules()
+    row = dict(_row("200", "1"), model_path="Qwen/Qwen3-30B-A3B", tp_size="1")
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    # the experts a decode step of ~64 requests reads are those uniform top-8 routing
+    # over 128 experts reaches: a 1 ms TPOT is below that bound, which says so
+    reason = below_memory_bound(cfg, 200.0, 1.0)
+    assert reason and "uniform top-k routing" in reason
 
 
 def test_validate_rows_reports_the_contradiction_instead_of_a_prediction():
