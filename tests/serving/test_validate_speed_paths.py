@@ -72,3 +72,19 @@ def test_long_run_gc_restores_the_thresholds_also_on_error():
         assert gc.get_threshold() == (5000, 7, 3)
         raise RuntimeError("boom")
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("kw", [dict(concurrency=8, isl=512, osl=64),
+                                dict(mode="disagg", concurrency=4, isl=256, osl=32,
+                                     decode_pool=None)])
+def test_a_run_without_itl_statistics_gives_every_other_metric_unchanged(kw):
+    from perfcast.serving.deploy import Pool, ServeConfig, run_serving
+
+    if kw.get("mode") == "disagg":
+        kw = {**kw, "decode_pool": Pool(ParallelPlan())}
+    cfg = ServeConfig(model=MODEL, **kw)
+    full = run_serving(cfg).metrics.to_json()
+    lean = run_serving(cfg, itl_summary=False).metrics.to_json()
+    assert full["itl_ms"]["mean"] > 0 and lean["itl_ms"] == {}
+    full.pop("itl_ms"), lean.pop("itl_ms")
+    assert lean == full

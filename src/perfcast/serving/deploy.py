@@ -169,10 +169,12 @@ def prefix_cache(cfg: ServeConfig, client: Client, capacity_tokens: int):
 
 def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                 evidence_context: CostQueryContext | None = None,
-                cache: StepModelCache | None = None) -> SimulationResult:
+                cache: StepModelCache | None = None, itl_summary: bool = True
+                ) -> SimulationResult:
     """Simulate one deployment. `evidence` are measured providers (ahead of the analytic
     models); `evidence_context` the query context that selects them (runtime, collected
-    version, kernel implementations)."""
+    version, kernel implementations). `itl_summary=False`: no ITL statistics (the
+    metrics' `itl_ms` is empty), for callers that read none."""
     cache = cache or StepModelCache()
     model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
@@ -229,7 +231,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         return simulate(client, front, num_gpus=cfg.pool.gpus,
                         frontend_s=backend.overheads.frontend_overhead_s,
                         first_chunk_s=backend.overheads.first_chunk_overhead_s,
-                        frontend_service_s=backend.overheads.frontend_request_service_s)
+                        frontend_service_s=backend.overheads.frontend_request_service_s,
+                        itl_summary=itl_summary)
     if cfg.decode_pool is None:
         raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
                           expected="decode workers and their layout")
@@ -241,4 +244,4 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                     frontend_s=backend.overheads.frontend_overhead_s,
                     first_chunk_s=backend.overheads.first_chunk_overhead_s,
                     frontend_service_s=backend.overheads.frontend_request_service_s,
-                    num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus)
+                    num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus, itl_summary=itl_summary)

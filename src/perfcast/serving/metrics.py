@@ -96,7 +96,10 @@ class ServingMetrics:
 
 
 def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], engines,
-                    num_gpus: int) -> ServingMetrics:
+                    num_gpus: int, *, itl: bool = True) -> ServingMetrics:
+    """The metrics of a finished simulation. `itl=False` leaves `itl_ms` empty (`{}`, not
+    the statistics of no samples) for callers that read no ITL statistic: its weighted
+    percentiles sort every inter-token gap of the run."""
     done = [r for r in finished if r.measured]
     ttft = [r.first_token_s - r.arrival_s for r in done]
     e2e = [r.finish_s - r.arrival_s for r in done]
@@ -108,8 +111,9 @@ def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], en
     peak = 0.0
     preempt = 0
     for e in engines:
-        itl_v.extend(e.stats.itl_values)
-        itl_w.extend(e.stats.itl_weights)
+        if itl:
+            itl_v.extend(e.stats.itl_values)
+            itl_w.extend(e.stats.itl_weights)
         if e.capacity:
             kv_ts += e.stats.kv_token_seconds / e.capacity
             peak = max(peak, e.stats.kv_peak_tokens / e.capacity)
@@ -126,7 +130,8 @@ def compute_metrics(finished: Sequence[Request], rejected: Sequence[Request], en
     thr = out_tokens / duration if duration else 0.0
     tpot_s = summary_ms(tpot)
     return ServingMetrics(
-        ttft_ms=summary_ms(ttft), tpot_ms=tpot_s, itl_ms=summary_ms(itl_v, itl_w or None),
+        ttft_ms=summary_ms(ttft), tpot_ms=tpot_s,
+        itl_ms=summary_ms(itl_v, itl_w or None) if itl else {},
         e2e_ms=summary_ms(e2e), throughput_tokens_per_s=thr,
         input_throughput_tokens_per_s=in_tokens / duration if duration else 0.0,
         tokens_per_s_per_gpu=thr / num_gpus if num_gpus else 0.0,

@@ -631,7 +631,9 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
                     res.assumptions.append(ev.note)
             if analytic_for:
                 providers = (*providers, *analytic_for(res.system.strip()))
-            sim = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache)
+            # the rows compare TTFT and TPOT only: no ITL statistics
+            sim = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache,
+                              itl_summary=False)
             m = sim.metrics
             if m.rejected_requests:
                 raise RowError(f"{m.rejected_requests} requests could not be served: "

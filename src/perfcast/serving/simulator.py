@@ -59,7 +59,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              kv_transfer: Callable[[Request, Engine, Engine, float], float] | None = None,
              frontend_s: float = 0.0, first_chunk_s: float = 0.0,
              frontend_service_s: float = 0.0,
-             max_iterations: int = 50_000_000) -> SimulationResult:
+             max_iterations: int = 50_000_000, itl_summary: bool = True) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
     `decode_engines` (disagg) until every request has finished or been rejected.
     `kv_transfer(request, prefill engine, decode engine, prefill end)`: seconds until
@@ -73,7 +73,8 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     order; the engine sees a request at max(arrival + frontend_s, end of its turn). At
     low load only its excess over `frontend_s` shows; bursts of arrivals and request
     rates near 1 / frontend_service_s queue there, in TTFT, with fewer requests in the
-    engine."""
+    engine. `itl_summary=False`: the metrics' `itl_ms` is left empty (see
+    `metrics.compute_metrics`)."""
     disagg = bool(decode_engines)
     front = _Router(engines)
     back = _Router(decode_engines) if disagg else None
@@ -169,5 +170,5 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             handle(ev, engine)
     else:  # pragma: no cover - safety net
         raise RuntimeError("simulation did not finish within max_iterations")
-    metrics = compute_metrics(finished, rejected, everything, num_gpus)
+    metrics = compute_metrics(finished, rejected, everything, num_gpus, itl=itl_summary)
     return SimulationResult(metrics, finished, rejected, everything, phases)
