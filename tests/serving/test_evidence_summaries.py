@@ -78,3 +78,70 @@ def test_selection_with_pairs_read_once_equals_the_plain_selection():
         assert _selection(available, version, read, "set", pairs_of) == \
             _selection(available, version, read, "set")
     assert calls and set(calls) <= set(parts)
+
+
+def _version_folders():
+    return sorted(p for p in ROOT.glob("h100_sxm/*/*/*") if p.is_dir())
+
+
+@pytest.mark.parametrize("folder", _version_folders(), ids=lambda p: "/".join(p.parts[-3:]))
+def test_pairs_read_light_hold_every_pair_of_the_full_import(folder):
+    from perfcast.evidence.importers.aiconfigurator import pairs_at_most
+
+    full = _pairs(import_system(folder, hardware="h100_sxm"))
+    bound = pairs_at_most(folder)
+    assert full and bound is not None and full <= bound
+
+
+def test_pairs_read_light_are_unknown_for_a_table_the_import_refuses(tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from perfcast.core.errors import ConfigError
+    from perfcast.evidence.importers.aiconfigurator import pairs_at_most
+
+    src = ROOT / "h100_sxm" / "gemm" / "vllm" / "0.19.0"
+    folder = tmp_path / "h100_sxm" / "gemm" / "vllm" / "0.19.0"
+    shutil.copytree(src, folder)
+    path = folder / "gemm_perf.parquet"
+    t = pq.read_table(path)
+    i = t.column_names.index("gemm_dtype")
+    pq.write_table(t.set_column(i, "gemm_dtype", pa.array(["no_such_dtype"] * t.num_rows)),
+                   path)
+    with pytest.raises(ConfigError):
+        import_system(folder, hardware="h100_sxm")
+    assert pairs_at_most(folder) is None
+    assert pairs_at_most(tmp_path / "missing") is None
+
+
+def test_selection_passing_over_versions_by_their_light_pairs_equals_the_plain_one():
+    """A version whose pairs read light add nothing to what is covered is not read, and
+    the selection is the one every full read gives; a bound that is unknown (None) or
+    wider than the real pairs changes nothing either."""
+    from perfcast.evidence.importers.aiconfigurator import pairs_at_most
+
+    available = family_versions(ROOT, "h100_sxm", "vllm")
+    reads = collections.Counter()
+
+    def read(family, version):
+        reads[(family, version)] += 1
+        return import_system(ROOT / "h100_sxm" / family / "vllm" / version,
+                             hardware="h100_sxm")
+
+    def light(family, version):
+        return pairs_at_most(ROOT / "h100_sxm" / family / "vllm" / version)
+
+    def wide(family, version):
+        return (light(family, version) or frozenset()) | {("gemm", "no_such_dtype")}
+
+    for version in ("0.19.0", "0.23.0", "0.24.0"):
+        plain = _selection(available, version, read, "set")
+        plain_reads, reads = reads, collections.Counter()
+        assert _selection(available, version, read, "set", None, light) == plain
+        assert sum(reads.values()) < sum(plain_reads.values())   # some were passed over
+        reads.clear()
+        assert _selection(available, version, read, "set", None, lambda f, v: None) == plain
+        assert _selection(available, version, read, "set", None, wide) == plain
+        reads.clear()

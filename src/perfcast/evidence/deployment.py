@@ -109,6 +109,7 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
                           expected="a folder laid out as <system>/<family>/<framework>/<version>")
     folders: dict[Path, object] = {}
     folder_pairs: dict[Path, frozenset] = {}   # _pairs of each folder's tables, once
+    folder_bounds: dict[Path, frozenset | None] = {}   # their supersets, read light
     tables: dict[tuple, tuple] = {}
     cache: dict[tuple[str, str, str], DeploymentEvidence] = {}
 
@@ -126,6 +127,14 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
             return folder_pairs[folder]
         return of
 
+    def at_most(system: str, backend: str):
+        def of(family: str, version: str) -> frozenset | None:
+            folder = root / system / family / backend / version
+            if folder not in folder_bounds:
+                folder_bounds[folder] = _pairs_at_most(folder)
+            return folder_bounds[folder]
+        return of
+
     def evidence_for(system: str, backend: str, version: str) -> DeploymentEvidence:
         key = (system, backend, version)
         if key not in cache:
@@ -135,7 +144,7 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
                 return EMPTY
             selection = _selection(available, version,
                                    lambda f, v: read(system, f, backend, v), versions,
-                                   pairs(system, backend))
+                                   pairs(system, backend), at_most(system, backend))
             if not selection:
                 cache[key] = EMPTY
                 return EMPTY
@@ -162,6 +171,14 @@ def _read_folder(folder: Path, system: str):
         return None   # a family without supported tables (e.g. encoder attention)
 
 
+def _pairs_at_most(folder: Path) -> frozenset | None:
+    """A superset of the (operation, dtype) pairs of `_read_folder(folder)`, read from
+    those two columns alone (None: unknown without the full import)."""
+    from perfcast.evidence.importers.aiconfigurator import pairs_at_most
+
+    return pairs_at_most(folder)
+
+
 def _pairs(db) -> frozenset:
     """The (operation, dtype) pairs of a database's rows."""
     groups = db.table.group_by(["operation", "dtype"], use_threads=False).aggregate([])
@@ -170,11 +187,14 @@ def _pairs(db) -> frozenset:
 
 
 def _selection(available: dict[str, list[str]], version: str, read,
-               policy: str = "set", pairs_of=None) -> tuple:
+               policy: str = "set", pairs_of=None, pairs_at_most=None) -> tuple:
     """((family, version, pairs), ...): each family at its version under `policy` (pairs
     None: every row), then, nearest first, other versions for the (operation, dtype)
     pairs not yet covered. `pairs_of(family, version, database)`: the (operation,
-    dtype) pairs of `read(family, version)` (default: `_pairs` of it)."""
+    dtype) pairs of `read(family, version)` (default: `_pairs` of it).
+    `pairs_at_most(family, version)`: a superset of those pairs (None: unknown), read
+    without the full import; a version whose superset adds nothing to what is covered
+    is passed over unread (it could add nothing either way)."""
     anchor = nearest_version(version, available[ANCHOR_FAMILY])
     out = []
     for family, versions in sorted(available.items()):
@@ -184,6 +204,10 @@ def _selection(available: dict[str, list[str]], version: str, read,
             order.remove(anchor)
             order.insert(0, anchor)
         for v in order:
+            if covered is not None and pairs_at_most is not None:
+                bound = pairs_at_most(family, v)
+                if bound is not None and not bound - covered:
+                    continue
             part = read(family, v)
             if part is None:
                 continue

@@ -42,6 +42,7 @@ import yaml
 
 from perfcast.core.dtypes import DType, dtype_bytes
 from perfcast.core.errors import ConfigError
+from perfcast.core.yamlio import safe_load
 from perfcast.evidence.contracts import CostSubject, EstimateMethod
 from perfcast.evidence.database import PerformanceDatabase, selector_column
 from perfcast.evidence.importers.common import (
@@ -378,7 +379,7 @@ def folder_system(version_folder: Path) -> str | None:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", source=str(path)) from None
     if not isinstance(data, dict):
@@ -497,6 +498,48 @@ def import_system(root: str | Path, *, hardware: str | None = None,
     db = PerformanceDatabase.concat(parts, name=f"aiconfigurator:{root.name}")
     return PerformanceDatabase(db.table, name=db.name, _validated=True,
                                sources=[*db.sources, *({"skipped": s} for s in skipped)])
+
+
+def pairs_at_most(root: str | Path) -> frozenset | None:
+    """The (operation, dtype) pairs of every table `import_system(root)` would import,
+    read from those two columns alone: a superset of the pairs of its database (rows
+    it leaves out, such as zero-sized shapes, count here, and nothing is validated), for
+    a caller that only asks whether a folder could add a pair. None when a table cannot
+    be read that way (the full import says why)."""
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    out: set[tuple[str, str]] = set()
+    try:
+        for folder in version_folders(root):
+            for path, kw in _plan(folder, root, set(TABLES))[0]:
+                mapping = TABLES[kw["table_name"]]
+                names = [mapping.dtype_column]
+                if mapping.operation is None:
+                    names.append("op_name")
+                table = pq.read_table(path, columns=names)
+                dtypes = canonical_dtypes(table.column(mapping.dtype_column), source=str(path),
+                                          field=mapping.dtype_column, aliases=DTYPE_ALIASES)
+                if mapping.operation is None:
+                    ops = table.column("op_name").combine_chunks().cast(pa.string())
+                    if ops.null_count:
+                        return None
+                else:
+                    ops = const(mapping.operation, table.num_rows)
+                groups = pa.table({"operation": ops, "dtype": dtypes}).group_by(
+                    ["operation", "dtype"], use_threads=False).aggregate([])
+                for op, dtype in zip(groups.column("operation").to_pylist(),
+                                     groups.column("dtype").to_pylist()):
+                    if mapping.operation is None:
+                        if op not in COLLECTIVES:
+                            return None
+                        op = COLLECTIVES[op]
+                    out.add((op, dtype))
+    except (ConfigError, OSError, pa.ArrowException):
+        return None
+    return frozenset(out)
 
 
 def table_runtime(path: Path, framework: str | None = None, version: str | None = None
