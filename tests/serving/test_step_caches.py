@@ -112,3 +112,33 @@ def test_node_arrays_are_bounded(monkeypatch):
     for r in (1, 2, 3, 4):
         assert m.decode_run_s(r, 50.0, 30).tolist() == expected.decode_run_s(r, 50.0, 30).tolist()
         assert len(m._run_nodes) <= 2
+
+
+def test_a_graph_kept_for_its_context_half_is_built_again_when_its_free_half_is_asked():
+    step_cost._BUILT.clear()
+    plan = ParallelPlan(tp=2)
+    batch, segments = Batch.decode(24, 900), ((24, 1, 900),)
+    graph = build_task_graph(MODEL, plan, batch, None)
+    (free, ctx), memory = built_halves(MODEL, plan, None, batch, segments, keep_free=False)
+    assert free is None and memory == graph.memory
+    assert ctx == [t for t in graph.tasks if "kv_len" in t.work.axes] and ctx
+    assert built_halves(MODEL, plan, None, batch, segments, keep_free=False)[0][1] is ctx
+    (free, ctx2), _ = built_halves(MODEL, plan, None, batch, segments)
+    assert free == [t for t in graph.tasks if "kv_len" not in t.work.axes] and free
+    assert ctx2 == ctx
+    assert built_halves(MODEL, plan, None, batch, segments, keep_free=False)[0][0] is free
+    assert len(step_cost._BUILT) == 1
+
+
+def test_step_terms_are_those_of_whole_graphs_kept(monkeypatch):
+    """Step models whose context builds keep only their context half give the terms of
+    one that keeps every graph whole."""
+    original = step_cost.built_halves
+    step_cost._BUILT.clear()
+    lean = steps(fresh())
+    assert any(free is None for (free, _), _ in step_cost._BUILT.values())
+    step_cost._BUILT.clear()
+    monkeypatch.setattr(step_cost, "built_halves",
+                        lambda *a, keep_free=True, **kw: original(*a, keep_free=True, **kw))
+    assert steps(fresh()) == lean
+    assert all(free is not None for (free, _), _ in step_cost._BUILT.values())

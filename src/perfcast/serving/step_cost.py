@@ -148,27 +148,34 @@ def costed_tasks(tasks, resolver: CostResolver, system_name: str, context: CostQ
 # into the context-free and the context half, and the graph's memory facts. Deployments
 # that differ only in evidence or engine (backend versions, the layouts of a search
 # sharing a plan) build each batch's graph once; bounded (least recently used out).
+# Most builds are asked for their context half only (attention at a grid node: 1-2
+# tasks, ~3-8 KiB kept, against ~26-79 KiB with the context-free half of a 70B dense,
+# 30B MoE or DeepSeek-V3 decode graph), so the bound holds the ~5,300 distinct graphs
+# of the H100 silicon file.
 _BUILT: OrderedDict = OrderedDict()
-BUILT_GRAPHS_MAX = 2048
+BUILT_GRAPHS_MAX = 8192
 
 
 def built_halves(model: ModelSpec, plan: ParallelPlan, precision: Precision | None,
-                 batch: Batch, segments: tuple, stack: OpStack | None = None
-                 ) -> tuple[tuple[list, list], object]:
+                 batch: Batch, segments: tuple, stack: OpStack | None = None, *,
+                 keep_free: bool = True) -> tuple[tuple[list | None, list], object]:
     """((context-free tasks, context tasks), memory facts) of `batch`'s graph, whose
     segments' (requests, q tokens, context tokens) are `segments`, under `stack`
-    (`perfcast.workload.stacks`; None: `default`) and its MLA call."""
+    (`perfcast.workload.stacks`; None: `default`) and its MLA call. `keep_free=False`:
+    the caller needs the context half only, and the context-free one may be None (not
+    kept); a later call that needs it builds the graph again."""
     key = (model.digest, plan.digest, precision, None if stack is None else stack.name,
            batch.phase, segments)
     hit = _BUILT.get(key)
-    if hit is not None:
+    if hit is not None and (hit[0][0] is not None or not keep_free):
         _BUILT.move_to_end(key)
         return hit
     graph = build_task_graph(model, plan, batch, precision, **stack_options(stack))
     free, ctx = [], []
     for t in graph.tasks:
         (ctx if "kv_len" in t.work.axes else free).append(t)
-    hit = _BUILT[key] = ((free, ctx), graph.memory)
+    hit = _BUILT[key] = ((free if keep_free else None, ctx), graph.memory)
+    _BUILT.move_to_end(key)
     if len(_BUILT) > BUILT_GRAPHS_MAX:
         _BUILT.popitem(last=False)
     return hit
@@ -259,8 +266,12 @@ class StepCostModel:
         hit = self._graphs.get(key)
         if hit is not None:
             return hit
+        # a context-free term builds batches at context 0 or 1 only (body: prefill at
+        # context 0, head: decode at context 1): of any other batch only the context
+        # half is kept
         halves, memory = built_halves(self.model, self.plan, self.precision, batch, key[1:],
-                                      self.stack)
+                                      self.stack, keep_free=not context_tasks or all(
+                                          c <= 1 for _, _, c in key[1:]))
         out = self._part_of(halves[context_tasks])
         if self._memory is None:
             self._memory = memory
