@@ -308,9 +308,9 @@ def nearest_misses(cands: Sequence[Candidate], n: int) -> list[Candidate]:
 
 
 def is_moe(model: ModelSpec) -> bool:
-    from perfcast.workload.families.traits import NUM_EXPERTS_KEYS
+    from perfcast.workload.families.traits import has_routed_experts
 
-    return any(isinstance(model.get(k), int) and model.get(k) > 1 for k in NUM_EXPERTS_KEYS)
+    return has_routed_experts(model)
 
 
 def default_ep_sizes(model: ModelSpec, tp_sizes: Sequence[int],

@@ -29,7 +29,7 @@ from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_servi
 from perfcast.serving.step_cost import stack_options
 from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
 from perfcast.workload.build import build_task_graph
-from perfcast.workload.families.traits import NUM_EXPERTS_KEYS
+from perfcast.workload.families.traits import has_routed_experts
 from perfcast.workload.model_spec import model_spec_from_config
 from perfcast.workload.quant import LINEAR_ACTIONS, precision_for_model
 from perfcast.workload.stacks import resolve_stack
@@ -462,8 +462,7 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
     # the experts a step reads are the expected distinct ones of uniform routing, not
     # the fewest a router could pick: for MoE models the bound holds for that routing
     routing = (" (routed experts: the distinct ones uniform top-k routing reaches)"
-               if any(isinstance(cfg.model.get(k), int) and cfg.model.get(k) > 1
-                      for k in NUM_EXPERTS_KEYS) else "")
+               if has_routed_experts(cfg.model) else "")
     return (f"measured TPOT {tpot_ms:.2f} ms is below {bound_ms:.2f} ms, the time a decode "
             f"step of the {in_decode:.0f} requests the row's TTFT and TPOT put in decode "
             f"(Little's law) needs to move {moved / 1e9:.1f} GB per device at peak HBM "

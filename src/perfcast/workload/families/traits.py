@@ -76,6 +76,11 @@ LAYER_TYPE_WINDOWED = {"full_attention": False, "sliding_attention": True,
                        "deepseek_sparse_attention": False}
 
 
+def has_routed_experts(model: ModelSpec) -> bool:
+    """Whether the config declares more than one routed expert (an MoE model)."""
+    return any(isinstance(model.get(k), int) and model.get(k) > 1 for k in NUM_EXPERTS_KEYS)
+
+
 def traits_for(model: ModelSpec) -> ArchTraits:
     return ARCH_TRAITS.get(model.model_type, ArchTraits())
 
