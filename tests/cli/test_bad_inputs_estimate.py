@@ -201,9 +201,14 @@ def test_validate_silicon_shows_progress_while_simulating(monkeypatch):
         kw["progress"](len(rows), len(rows))
         return []
     monkeypatch.setattr(silicon, "validate_rows", fake)
-    r = run("validate", "silicon", SILICON, "--format", "json", "--calibration", "none")
+    r = run("validate", "silicon", SILICON, "--format", "json", "--calibration", "none",
+            "--workers", "1")
     assert r.exit_code == 0, r.output
     assert callable(seen["progress"])
+
+
+def test_validate_silicon_refuses_a_negative_worker_count():
+    refused(run("validate", "silicon", SILICON, "--workers", "-1"), "--workers", ">= 0")
 
 
 # -- item 16: readable at 80 columns and when piped --------------------------------------

@@ -286,3 +286,26 @@ def test_a_deployment_may_span_the_systems_scale_up_domain():
     assert cfg.pool.plan.tp == 16
     with pytest.raises(RowError, match="exceeds one 8-GPU node"):
         _agg_row(system="h100_sxm", **kw)
+
+
+def test_worker_processes_give_the_same_document_as_one_process():
+    """`--workers`: one deployment per task in local processes; the rows, their order,
+    their default ids (position in the file) and every number are those of one process."""
+    from dataclasses import replace
+
+    from perfcast.cli.validate import ValidateArgs, deployment_groups, run_validate
+
+    rows = read_rows(FIXTURE) + [r for r in read_rows(FIXTURE.parent / "disagg_rows.csv")
+                                 if r["system"] == "h100_sxm"]   # (the H200 ones are slow)
+    del rows[1]["id"]   # its id becomes "row2"
+    assert len(deployment_groups(rows)) >= 5
+    a = ValidateArgs(file=str(FIXTURE))
+    one, _ = run_validate(replace(a, workers=1), rows)
+    seen = []
+    two, results = run_validate(replace(a, workers=2), rows,
+                                progress=lambda done, total: seen.append((done, total)))
+    assert json.dumps(two, sort_keys=True) == json.dumps(one, sort_keys=True)
+    assert results[1].row_id == "row2"
+    assert [r.row_id for r in results][2:] == [r["id"] for r in rows[2:]]
+    assert seen[-1] == (len(rows), len(rows)) and seen == sorted(seen)
+    assert any(r.predicted for r in results) and any(r.reason for r in results)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -72,6 +73,8 @@ class ValidateArgs:
     statistic: str = "mean"
     calibration: str = "default"
     stack: str = "auto"
+    # local processes that simulate the rows (0: one per CPU, 1: this process)
+    workers: int = 1
 
 
 def silicon_rows(a: ValidateArgs) -> list[dict]:
@@ -90,24 +93,83 @@ def silicon_rows(a: ValidateArgs) -> list[dict]:
 
 def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
     """(the `perfcast validate silicon --format json` document, the row results) of the
-    rows of `a`; `progress(done, total)` as rows finish."""
+    rows of `a`; `progress(done, total)` as rows finish. With `a.workers` other than 1 the
+    rows are simulated in local processes, one deployment (system, backend, backend
+    version: the rows that share evidence) per task; the results do not depend on it."""
     from perfcast.serving.silicon import summarize, summarize_by_mode, validate_rows
+
+    if a.workers < 0:
+        raise ConfigError(f"workers must be >= 0, got {a.workers}", field="--workers",
+                          expected="a number of processes (0: one per CPU, 1: this process)")
+    # a row's default id is its position in the file, whichever task simulates it
+    rows = [r if "id" in r else {**r, "id": f"row{i + 1}"} for i, r in enumerate(rows)]
+    revision = load_calibration(a.calibration)   # an unknown revision fails here, once
+    groups = deployment_groups(rows)
+    n = a.workers or (os.cpu_count() or 1)
+    n = min(n, len(groups))
+    if n <= 1:
+        results = validate_rows(rows, progress=progress, **_validate_inputs(a, revision))
+    else:
+        from perfcast.core.executor import map_tasks
+
+        done = [0]
+
+        def group_done(i: int) -> None:
+            done[0] += len(groups[i])
+            if progress:
+                progress(done[0], len(rows))
+
+        parts = map_tasks(_validate_task, [(a, [rows[j] for j in g]) for g in groups],
+                          "local", n, group_done)
+        results = [None] * len(rows)
+        for g, part in zip(groups, parts):
+            for j, res in zip(g, part):
+                results[j] = res
+    doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
+           "summary_by_mode": summarize_by_mode(results),
+           "calibration": revision.digest if revision else "none", "stack": a.stack}
+    return doc, results
+
+
+def deployment_groups(rows: list[dict]) -> list[list[int]]:
+    """Row indices by deployment (system, backend, backend version), the groups with the
+    most rows first (the tasks that start last are short)."""
+    by_key: dict[tuple[str, str, str], list[int]] = {}
+    for i, r in enumerate(rows):
+        key = tuple((r.get(k) or "").strip() for k in ("system", "backend", "backend_version"))
+        by_key.setdefault(key, []).append(i)
+    return sorted(by_key.values(), key=len, reverse=True)
+
+
+# one worker process's inputs, built at its first task and kept for the next ones
+_WORKER_INPUTS: dict[ValidateArgs, dict] = {}
+
+
+def _validate_inputs(a: ValidateArgs, revision) -> dict:
+    """validate_rows' keyword arguments for `a` and its calibration revision: evidence
+    loader, calibrated overheads and analytic providers, and one step-graph cache."""
+    from perfcast.serving.silicon import StepModelCache
 
     evidence_for = None
     if a.evidence_root:
         from perfcast.serving.evidence import evidence_loader
 
         evidence_for = evidence_loader(Path(a.evidence_root), versions=a.evidence_versions)
-    revision = load_calibration(a.calibration)
-    results = validate_rows(rows, configs_dir=Path(a.model_configs) if a.model_configs else None,
-                            evidence_for=evidence_for, statistic=a.statistic,
-                            overheads=all_overheads(revision),
-                            analytic_for=analytic_for(revision), progress=progress,
-                            stack=a.stack)
-    doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
-           "summary_by_mode": summarize_by_mode(results),
-           "calibration": revision.digest if revision else "none", "stack": a.stack}
-    return doc, results
+    return {"configs_dir": Path(a.model_configs) if a.model_configs else None,
+            "evidence_for": evidence_for, "statistic": a.statistic,
+            "overheads": all_overheads(revision), "analytic_for": analytic_for(revision),
+            "stack": a.stack, "cache": StepModelCache()}
+
+
+def _validate_task(task: tuple[ValidateArgs, list[dict]]) -> list:
+    """One deployment's rows, in a worker process (its inputs kept across tasks)."""
+    from perfcast.serving.silicon import validate_rows
+
+    a, rows = task
+    inputs = _WORKER_INPUTS.get(a)
+    if inputs is None:
+        inputs = _WORKER_INPUTS[a] = _validate_inputs(a, load_calibration(a.calibration))
+    return validate_rows(rows, **inputs)
 
 
 def _pct(v) -> str:
@@ -157,6 +219,9 @@ def silicon_command(
                                            "mean | p50 (the file does not say which)")] = "mean",
     calibration: CalibrationOption = "default",
     stack: StackOption = "auto",
+    workers: Annotated[int, typer.Option(
+        "--workers", help="local processes simulating the rows, one deployment (system, "
+        "backend, version) at a time (0: one per CPU; 1: this process)")] = 0,
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     with user_errors():
@@ -166,7 +231,7 @@ def silicon_command(
                             evidence_versions=evidence_versions,
                             model_configs=str(model_configs) if model_configs else None,
                             mode=mode, statistic=statistic, calibration=calibration,
-                            stack=stack)
+                            stack=stack, workers=workers)
         rows = silicon_rows(args)
         with progress_bar("simulating rows", len(rows)) as advance:
             doc, results = run_validate(args, rows, progress=advance)
