@@ -69,10 +69,10 @@ def _norm_quantises(b: GraphBuilder, group: str, kind: LayerKind) -> bool:
     before TensorCast's `mlapo_quant`, which takes the hidden states unquantised, nor
     before its MoE layer, whose router reads them in fp32 and whose experts quantise
     their own rows."""
-    from perfcast.workload.families import mla, moe_tensorcast
-
     if not separate_activation_quant(b, group):
         return False
+    from perfcast.workload.families import mla, moe_tensorcast
+
     if group == "attn.qkv_proj":
         return not (kind.mixer == "attention" and mla.MLA_FIELDS[0] in b.model.raw
                     and mla.mlapo_quantised(b))
