@@ -41,6 +41,29 @@ def test_serve_disagg_and_open_loop_run():
     assert m["completed_requests"] == 30 and m["num_gpus"] == 3
 
 
+def test_decode_slots_move_the_decode_wait_into_ttft():
+    """--decode-max-running-requests caps each decode worker's running requests: with 8
+    clients on 2 decode workers of 2 slots, half the requests wait for a slot, and since
+    the tokens stream from the decode worker that wait is TTFT, not TPOT."""
+    base = ["serve", "Qwen/Qwen3-0.6B", "--mode", "disagg", "--decode-workers", "2",
+            "--concurrency", "8", "--num-requests", "40", "--isl", "256", "--osl", "64",
+            "--format", "json", "--calibration", "none"]
+    free = CliRunner().invoke(app, base)
+    capped = CliRunner().invoke(app, [*base, "--decode-max-running-requests", "2"])
+    assert free.exit_code == 0 and capped.exit_code == 0, (free.output, capped.output)
+    f, c = json.loads(free.stdout), json.loads(capped.stdout)
+    assert c["inputs"]["scheduler"]["decode_max_running_requests"] == 2
+    assert f["inputs"]["scheduler"]["decode_max_running_requests"] is None
+    # a waiting request waits about one other request's whole decode (63 iterations)
+    assert c["ttft_ms"]["mean"] > f["ttft_ms"]["mean"] + 20 * c["tpot_ms"]["mean"]
+    assert c["tpot_ms"]["mean"] < f["tpot_ms"]["mean"]   # smaller decode batches
+    agg = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--decode-max-running-requests",
+                                   "2"])
+    assert agg.exit_code == 2 and "--mode disagg" in agg.output
+    bad = CliRunner().invoke(app, [*base, "--decode-max-running-requests", "0"])
+    assert bad.exit_code == 2 and "--decode-max-running-requests" in bad.output
+
+
 def test_serve_bad_input_is_one_line_error():
     res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--policy", "fifo"])
     assert res.exit_code == 2

@@ -40,7 +40,8 @@ def test_lone_request_phases_in_closed_form():
     assert p["prefill"] == pytest.approx((A + 500 * B) * 1e3)          # 60 ms
     assert p["first_chunk"] == pytest.approx(50.0)
     assert p["decode"] == pytest.approx(20 * (A + B) * 1e3)            # 202 ms
-    for k in ("frontend_queue", "queue", "prefill_waits", "kv_transfer", "decode_waits"):
+    for k in ("frontend_queue", "queue", "prefill_waits", "kv_transfer", "decode_queue",
+              "decode_waits"):
         assert p[k] == pytest.approx(0.0, abs=1e-9)
     ttft = fe + A + 500 * B + fc
     assert doc["phases"]["first_chunk"]["share_of_ttft"] == pytest.approx(fc / ttft)
@@ -106,6 +107,33 @@ def test_disaggregated_phases_include_the_kv_transfer():
     doc = explain_json(res.finished, res.phases, res.engines)
     assert doc["phases"]["kv_transfer"]["mean"] == pytest.approx(3.0)
     assert set(doc["iterations"]) == {"prefill", "decode"}
+
+
+def test_a_full_decode_worker_delays_the_first_token_not_the_tpot():
+    """Disaggregated serving streams the client's tokens from the decode worker, so a
+    request whose cache arrives while every running slot is taken gets its first token
+    when a slot frees: the wait is in its TTFT (phase decode_queue), not its TPOT.
+    Two 200-token prompts at t = 0, 11 output tokens, one decode slot: R0 decodes at
+    once; R1's first token comes at the first decode iteration after R0 finished."""
+    xfer = 0.002
+    client = OpenLoopClient(LengthDistribution(200, 11), 2, arrival_times_s=[0.0, 0.0])
+    prefill = engine(LinearCost(A, B), role="prefill", name="p0", explain=True)
+    decode = engine(LinearCost(2 * A, B), role="decode", name="d0", max_running=1,
+                    explain=True)
+    res = simulate(client, [prefill], decode_engines=[decode], transfer_s=lambda r: xfer,
+                   num_gpus=2)
+    _check_additive(res)
+    r0, r1 = sorted(res.finished, key=lambda r: r.rid)
+    prefill_both = A + 400 * B           # both prompts in one prefill iteration
+    step = 2 * A + B                     # one decode iteration of one request
+    assert r0.first_token_s == pytest.approx(prefill_both + xfer)
+    assert r0.finish_s == pytest.approx(r0.first_token_s + 10 * step)
+    assert r1.first_token_s == pytest.approx(r0.finish_s)
+    assert r1.finish_s - r1.first_token_s == pytest.approx(10 * step)   # same TPOT
+    ph = request_phases(r1, res.phases[1])
+    assert ph["kv_transfer"] == pytest.approx(xfer)
+    assert ph["decode_queue"] == pytest.approx(r0.finish_s - (prefill_both + xfer))
+    assert request_phases(r0, res.phases[0])["decode_queue"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_serve_explain_through_the_cli():

@@ -93,6 +93,9 @@ def serve_command(
     decode_tp_size: Annotated[int, typer.Option("--decode-tp-size", help="0: as --tp-size")] = 0,
     decode_dp_size: Annotated[int, typer.Option("--decode-dp-size", help="0: as --dp-size")] = 0,
     decode_ep_size: Annotated[int, typer.Option("--decode-ep-size", help="0: as --ep-size")] = 0,
+    decode_max_running_requests: Annotated[Optional[int], typer.Option(
+        "--decode-max-running-requests", help="disagg: running requests per decode worker "
+        "(e.g. TRT-LLM's decode max_batch_size; default: as --max-running-requests)")] = None,
     evidence_root: Annotated[Optional[Path], typer.Option("--evidence-root", help="AIConfigurator-"
                                                           "layout folder of measured kernels")] = None,
     evidence_versions: Annotated[str, typer.Option(
@@ -128,7 +131,7 @@ def serve_command(
             acceptance=acceptance, draft_model=str(draft_model) if draft_model else None,
             stack=stack, mode=mode, workers=workers, decode_workers=decode_workers,
             decode_tp_size=decode_tp_size, decode_dp_size=decode_dp_size,
-            decode_ep_size=decode_ep_size,
+            decode_ep_size=decode_ep_size, decode_max_running_requests=decode_max_running_requests,
             evidence_root=str(evidence_root) if evidence_root else None,
             evidence_versions=evidence_versions, exact=exact, calibration=calibration,
             allow_long_run=allow_long_run, explain=explain,
@@ -193,6 +196,7 @@ class ServeArgs:
     decode_tp_size: int = 0
     decode_dp_size: int = 0
     decode_ep_size: int = 0
+    decode_max_running_requests: Optional[int] = None
     evidence_root: Optional[str] = None
     evidence_versions: str = "set"
     exact: bool = False
@@ -245,6 +249,9 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         max_running_requests=a.max_running_requests, chunked_prefill=a.chunked_prefill)
     bk = engine_options(bk, a)
     decode_pool = None
+    if a.decode_max_running_requests is not None and a.mode != "disagg":
+        raise ConfigError("applies to disaggregated serving only",
+                          field="--decode-max-running-requests", expected="--mode disagg")
     if a.mode == "disagg":
         dplan = build_plan(a.decode_tp_size or a.tp_size, a.pp_size,
                            a.decode_dp_size or a.dp_size, a.decode_ep_size or a.ep_size, 0, 0)
@@ -254,6 +261,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     cfg = ServeConfig(model=spec, system=system, backend=bk, backend_version=a.backend_version,
                       precision=precision, mode=a.mode, pool=Pool(plan, a.workers),
                       decode_pool=decode_pool,
+                      decode_max_running_requests=a.decode_max_running_requests,
                       # a trace's mean lengths size the KV cache (sliding-window layers)
                       isl=round(trace.summary()["mean_input_tokens"]) if trace else a.isl,
                       osl=round(trace.summary()["mean_output_tokens"]) if trace else a.osl,
@@ -295,6 +303,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
         "scheduler": {"policy": bk.scheduler.policy,
                       "token_budget": bk.scheduler.token_budget,
                       "max_running_requests": bk.scheduler.max_running_requests,
+                      "decode_max_running_requests": a.decode_max_running_requests,
                       "chunked_prefill": bk.scheduler.chunked_prefill,
                       "kv_admission": bk.kv_cache.admission,
                       "schedule_conservativeness": bk.scheduler.schedule_conservativeness,

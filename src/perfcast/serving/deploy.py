@@ -47,6 +47,9 @@ class ServeConfig:
     mode: str = "agg"                      # agg | disagg
     pool: Pool = field(default_factory=lambda: Pool(ParallelPlan()))   # agg replicas / prefill pool
     decode_pool: Pool | None = None        # disagg only
+    # disagg: running requests per decode worker (per attention-DP rank), e.g. TRT-LLM's
+    # decode max_batch_size; None: the backend's max_running_requests, as the prefill pool
+    decode_max_running_requests: int | None = None
     isl: int = 1024
     osl: int = 128
     range_ratio: float = 1.0
@@ -209,6 +212,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         # request limit and KV cache, so the engine's limits scale with dp
         dp = pool.plan.dp
         sched = backend.scheduler
+        if role == "decode" and cfg.decode_max_running_requests is not None:
+            sched = replace(sched, max_running_requests=cfg.decode_max_running_requests)
         if dp > 1:
             sched = replace(sched, token_budget=sched.token_budget * dp,
                             max_running_requests=sched.max_running_requests * dp)
@@ -236,6 +241,10 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     if cfg.decode_pool is None:
         raise ConfigError("disaggregated mode needs a decode pool", field="decode_pool",
                           expected="decode workers and their layout")
+    if cfg.decode_max_running_requests is not None and cfg.decode_max_running_requests < 1:
+        raise ConfigError(f"must be >= 1, got {cfg.decode_max_running_requests}",
+                          field="--decode-max-running-requests",
+                          expected="running requests per decode worker")
     front, pstep = engines(cfg.pool, "prefill")
     back, dstep = engines(cfg.decode_pool, "decode")
     client.prefix_cache = prefix_cache(cfg, client, replica_kv_tokens(front))

@@ -208,6 +208,10 @@ class Engine:
         self.n_measured_decoding += r.measured
         self.sum_ctx += r.prefill_target
         self.newcomers.append(r)
+        if r.first_token_s is None:   # a decode worker's arrival: its first streamed token
+            r.first_token_s = r.last_token_s = self.clock
+            if self.phases is not None:
+                self.phases[r.rid].engine_first_s = self.clock
         if self.phases is not None:
             self.phases[r.rid].decode_join = self.decode_clock
 

@@ -11,14 +11,18 @@ TTFT and end-to-end latency split exactly into phases:
 * prefill: iterations that computed its prompt chunks (a chunk's whole iteration);
 * prefill_waits: between its first chunk and its first token, iterations without it;
 * kv_transfer: prefill -> decode worker KV move (disaggregated serving);
+* decode_queue: the cache has arrived, the decode worker has no free running slot yet
+  (disaggregated serving: the client's tokens stream from the decode worker, so its
+  first token waits for that slot);
 * first_chunk: engine's first token -> the client's first streamed chunk (TTFT only;
   the decode phases overlap it);
 * decode: iterations in which it emitted a token after the first;
 * decode_waits: after the first token, time outside its decode iterations (others'
-  prefill batches in prefill-first engines, the decode worker's queue, preemption).
+  prefill batches in prefill-first engines, preemption).
 
 TTFT = frontend + frontend_queue + queue + prefill + prefill_waits + kv_transfer +
-first_chunk; e2e = the same without first_chunk, plus decode + decode_waits.
+decode_queue + first_chunk; e2e = the same without first_chunk, plus decode +
+decode_waits.
 
 Busy time of the engines splits into compute kernels, communication (collective
 tasks), kernel launch gaps and exposed host time (perfcast.serving.step_cost).
@@ -33,9 +37,9 @@ import numpy as np
 from perfcast.serving.metrics import summary_ms
 
 TTFT_PHASES = ("frontend", "frontend_queue", "queue", "prefill", "prefill_waits",
-               "kv_transfer", "first_chunk")
+               "kv_transfer", "decode_queue", "first_chunk")
 E2E_PHASES = ("frontend", "frontend_queue", "queue", "prefill", "prefill_waits",
-              "kv_transfer", "decode", "decode_waits")
+              "kv_transfer", "decode_queue", "decode", "decode_waits")
 PHASES = (*TTFT_PHASES, "decode", "decode_waits")
 SPLIT = ("compute", "communication", "launch", "host")
 
@@ -44,13 +48,14 @@ class RequestPhases:
     """Times one request's engines recorded (seconds)."""
 
     __slots__ = ("seen_s", "first_chunk_start_s", "prefill_s", "prefill_end_s",
-                 "decode_join", "decode_s", "engine_first_s")
+                 "kv_arrival_s", "decode_join", "decode_s", "engine_first_s")
 
     def __init__(self) -> None:
         self.seen_s = 0.0                  # the (front) engine received it
         self.first_chunk_start_s: float | None = None
         self.prefill_s = 0.0
         self.prefill_end_s: float | None = None   # its first token was computed
+        self.kv_arrival_s: float | None = None    # its cache reached the decode worker
         self.decode_join = 0.0
         self.decode_s = 0.0
         self.engine_first_s: float | None = None  # first token where it decodes
@@ -67,7 +72,8 @@ def request_phases(r, ph: RequestPhases) -> dict[str, float]:
         "queue": start - ph.seen_s,
         "prefill": ph.prefill_s,
         "prefill_waits": prefill_end - start - ph.prefill_s,
-        "kv_transfer": base - prefill_end,
+        "kv_transfer": ph.kv_arrival_s - prefill_end,
+        "decode_queue": base - ph.kv_arrival_s,
         "first_chunk": r.first_token_s - base,
         "decode": ph.decode_s,
         "decode_waits": r.finish_s - base - ph.decode_s,

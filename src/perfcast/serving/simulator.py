@@ -117,8 +117,11 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             arrive = ev.time_s + xfer
             if phases is not None:
                 ph = phases[r.rid]
-                ph.prefill_end_s, ph.engine_first_s = ev.time_s, arrive
-            r.first_token_s = arrive
+                ph.prefill_end_s, ph.kv_arrival_s = ev.time_s, arrive
+            # the client's tokens stream from the decode worker: the first one when that
+            # worker takes the request in (Engine.join_decode), after the cache arrived
+            # and a running slot was free
+            r.first_token_s = None
             r.last_token_s = arrive
             owner[r.rid] = d
             rej = d.submit(r, arrive)
@@ -131,7 +134,8 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             rejected.append(r)
         else:
             if phases is not None and phases[r.rid].engine_first_s is None:
-                phases[r.rid].prefill_end_s = phases[r.rid].engine_first_s = r.first_token_s
+                ph = phases[r.rid]
+                ph.prefill_end_s = ph.kv_arrival_s = ph.engine_first_s = r.first_token_s
             if first_chunk_s and r.output_tokens > 1 and r.first_token_s is not None:
                 r.first_token_s = min(r.first_token_s + first_chunk_s, r.finish_s)
             finished.append(r)
