@@ -90,3 +90,26 @@ def test_group_beyond_tier_capacity_uses_outer_tier(round_system):
 def test_send_recv(round_system):
     est = CollectiveCostProvider(round_system).estimate(comm("send_recv", 1e8, 2))
     assert est.latency_s == pytest.approx(1e8 / 1e11 + 1e-6)
+
+
+def test_all_reduce_across_domains_chains_inside_and_trees_between(round_system):
+    """16 devices = 2 domains of 8 (link: 1 us, net: 10 us): NCCL's tree is a chain of 7
+    link hops in each domain and 1 net hop between them, both ways; the ring and the
+    bandwidth term stay on the net tier. A named tier keeps the one-tier model."""
+    small = comm("all_reduce", 1024, 16)
+    tree = CollectiveCostProvider(round_system, algorithm="tree").estimate(small)
+    assert tree.latency_s == pytest.approx(2 * 1024 / 1e10 + 2 * (7 * 1e-6 + 1 * 10e-6))
+    assert tree.validity["tier"] == "net" and "2 link domains" in tree.assumptions[-1]
+    ring = CollectiveCostProvider(round_system, algorithm="ring").estimate(small)
+    assert ring.latency_s == pytest.approx(2 * 15 / 16 * 1024 / 1e10 + 30 * 10e-6)
+    assert CollectiveCostProvider(round_system).estimate(small).latency_s == pytest.approx(
+        tree.latency_s)
+    # 64 devices: 8 domains, log2(8) = 3 net hops
+    big = CollectiveCostProvider(round_system, algorithm="tree").estimate(
+        comm("all_reduce", 1024, 64))
+    assert big.latency_s == pytest.approx(2 * 1024 / 1e10 + 2 * (7 * 1e-6 + 3 * 10e-6))
+    named = CollectiveCostProvider(round_system, algorithm="tree").estimate(
+        CostQuery(subject=CostSubject.COMMUNICATION, operation="all_reduce", hardware="round",
+                  dtype="bf16", engine="network", message_bytes=1024, participants=16,
+                  network_tier="net"))
+    assert named.latency_s == pytest.approx(2 * 1024 / 1e10 + 2 * 4 * 10e-6)

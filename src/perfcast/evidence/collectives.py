@@ -14,6 +14,13 @@ its efficiency) and latency `a`:
 `algorithm="auto"` takes the faster of ring and tree, as NCCL's tuner does for the
 sizes where each wins. The tier is the innermost one whose group capacity holds the
 group (or the query's `network_tier`). This is an analytic model, not a network simulator.
+
+An all_reduce whose group spans more than one scale-up domain (more devices than the
+innermost tier holds, no `network_tier` named) takes NCCL's tree as it is built across
+nodes: a chain through the k devices of each domain and a binary tree between the n
+domains (NCCL 2.4, "double binary trees": "chains inside nodes, trees between nodes"),
+so the tree's latency is 2 ((k-1) a_inner + ceil(log2 n) a_outer) instead of every hop
+paying the outer tier's latency; its bandwidth term and the ring stay on the outer tier.
 """
 
 from __future__ import annotations
@@ -68,6 +75,23 @@ def collective_time(operation: str, message_bytes: float, participants: int,
     return sum(chosen), chosen[0], chosen[1]
 
 
+def spanning_all_reduce(message_bytes: float, participants: int, inner: InterconnectTier,
+                        outer: InterconnectTier, algorithm: str) -> tuple[float, float, float]:
+    """(total_s, bandwidth_s, latency_s) of an all_reduce over `participants` devices
+    filling whole `inner` domains (capacity k) joined by `outer`: the ring as
+    `collective_time` on `outer`, the tree as NCCL builds it across nodes (module doc)."""
+    p, m = participants, message_bytes
+    domains = math.ceil(p / inner.group_capacity)
+    k = math.ceil(p / domains)
+    bw = outer.bw_bytes_per_s * outer.efficiency
+    ring = (2 * (p - 1) / p * m / bw, 2 * (p - 1) * outer.latency_s)
+    tree = (2 * m / bw, 2 * ((k - 1) * inner.latency_s
+                             + math.ceil(math.log2(domains)) * outer.latency_s))
+    chosen = ring if algorithm == "ring" else tree if algorithm == "tree" else min(
+        ring, tree, key=sum)
+    return sum(chosen), chosen[0], chosen[1]
+
+
 class CollectiveCostProvider:
     def __init__(self, system: System, *, algorithm: str = "auto") -> None:
         if algorithm not in ALGORITHMS:
@@ -93,8 +117,16 @@ class CollectiveCostProvider:
             return Miss(f"invalid participant count {p}")
         tier = (self.system.tier_named(query.network_tier) if query.network_tier
                 else self.system.tier_for_group(p))
-        total, bw_s, lat_s = collective_time(query.operation, query.message_bytes, p, tier,
-                                             self.algorithm)
+        inner = self.system.tiers[0] if self.system.tiers else tier
+        spans = (query.operation == "all_reduce" and not query.network_tier
+                 and inner is not tier and inner.group_capacity is not None
+                 and p > inner.group_capacity)
+        if spans:
+            total, bw_s, lat_s = spanning_all_reduce(query.message_bytes, p, inner, tier,
+                                                     self.algorithm)
+        else:
+            total, bw_s, lat_s = collective_time(query.operation, query.message_bytes, p,
+                                                 tier, self.algorithm)
         if total == 0:
             return CostEstimate(latency_s=0.0, method=EstimateMethod.ANALYTICAL,
                                 match_kind=MatchKind.DECLARED, provider=self.name,
@@ -109,5 +141,8 @@ class CollectiveCostProvider:
             uncertainty=Uncertainty(kind="model", rel_std=0.3),
             components=FrozenDict({"bandwidth_s": bw_s, "latency_s": lat_s}),
             assumptions=(f"{tier.name}: {tier.bw_bytes_per_s / 1e9:g} GB/s per direction x "
-                         f"{tier.efficiency:g} efficiency, {tier.latency_s * 1e6:g} us latency",),
+                         f"{tier.efficiency:g} efficiency, {tier.latency_s * 1e6:g} us latency",
+                         *((f"spans {math.ceil(p / inner.group_capacity)} {inner.name} domains: "
+                            f"tree = a chain inside each ({inner.latency_s * 1e6:g} us a hop), "
+                            f"a binary tree between them",) if spans else ())),
             bottleneck="comm", confidence=0.5)
