@@ -15,8 +15,8 @@ its efficiency) and latency `a`:
 sizes where each wins. The tier is the innermost one whose group capacity holds the
 group (or the query's `network_tier`). This is an analytic model, not a network simulator.
 
-An all_reduce whose group spans more than one scale-up domain (more devices than the
-innermost tier holds, no `network_tier` named) takes NCCL's tree as it is built across
+On an NVIDIA system, an all_reduce whose group spans more than one scale-up domain (more
+devices than the innermost tier holds, no `network_tier` named) takes NCCL's tree as it is built across
 nodes: a chain through the k devices of each domain and a binary tree between the n
 domains (NCCL 2.4, "double binary trees": "chains inside nodes, trees between nodes"),
 so the tree's latency is 2 ((k-1) a_inner + ceil(log2 n) a_outer) instead of every hop
@@ -118,8 +118,10 @@ class CollectiveCostProvider:
         tier = (self.system.tier_named(query.network_tier) if query.network_tier
                 else self.system.tier_for_group(p))
         inner = self.system.tiers[0] if self.system.tiers else tier
+        # NCCL's cross-node tree: NVIDIA systems only (other collective libraries keep
+        # the one-tier model)
         spans = (query.operation == "all_reduce" and not query.network_tier
-                 and inner is not tier and inner.group_capacity is not None
+                 and self.system.device.vendor == "nvidia" and inner is not tier and inner.group_capacity is not None
                  and p > inner.group_capacity)
         if spans:
             total, bw_s, lat_s = spanning_all_reduce(query.message_bytes, p, inner, tier,
