@@ -21,7 +21,6 @@ slots and are labelled DeepSeek-V3, so `validate silicon` does not apply them.
 from __future__ import annotations
 
 import argparse
-import csv
 from dataclasses import replace
 from pathlib import Path
 

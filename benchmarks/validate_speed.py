@@ -44,7 +44,7 @@ def one_run(args) -> dict:
         doc, results = run_validate(a, rows)
     return {"rows": len(rows), "predicted": sum(r.predicted for r in results),
             "wall_s": time.perf_counter() - w,
-            "cpu_s": time.process_time() - c + _children_cpu_s() - cc, "workers": args.workers}
+            "cpu_s": time.process_time() - c + _children_cpu_s() - cc}
 
 
 def _children_cpu_s() -> float:

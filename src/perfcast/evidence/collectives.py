@@ -16,8 +16,8 @@ sizes where each wins. The tier is the innermost one whose group capacity holds 
 group (or the query's `network_tier`). This is an analytic model, not a network simulator.
 
 On an NVIDIA system, an all_reduce whose group spans more than one scale-up domain (more
-devices than the innermost tier holds, no `network_tier` named) takes NCCL's tree as it is built across
-nodes: a chain through the k devices of each domain and a binary tree between the n
+devices than the innermost tier holds, no `network_tier` named) takes NCCL's tree as it
+is built across nodes: a chain through the k devices of each domain and a binary tree between the n
 domains (NCCL 2.4, "double binary trees": "chains inside nodes, trees between nodes"),
 so the tree's latency is 2 ((k-1) a_inner + ceil(log2 n) a_outer) instead of every hop
 paying the outer tier's latency; its bandwidth term and the ring stay on the outer tier.
@@ -66,6 +66,12 @@ def collective_time(operation: str, message_bytes: float, participants: int,
         ring = tree = ((p - 1) / p * m / bw, (p - 1) * a)
     else:
         raise ValueError(f"unknown collective {operation!r}")
+    return _chosen(ring, tree, algorithm)
+
+
+def _chosen(ring: tuple[float, float], tree: tuple[float, float],
+            algorithm: str) -> tuple[float, float, float]:
+    """(total_s, bandwidth_s, latency_s) of the algorithm asked for (auto: the faster)."""
     if algorithm == "ring":
         chosen = ring
     elif algorithm == "tree":
@@ -80,16 +86,13 @@ def spanning_all_reduce(message_bytes: float, participants: int, inner: Intercon
     """(total_s, bandwidth_s, latency_s) of an all_reduce over `participants` devices
     filling whole `inner` domains (capacity k) joined by `outer`: the ring as
     `collective_time` on `outer`, the tree as NCCL builds it across nodes (module doc)."""
-    p, m = participants, message_bytes
+    p = participants
     domains = math.ceil(p / inner.group_capacity)
     k = math.ceil(p / domains)
-    bw = outer.bw_bytes_per_s * outer.efficiency
-    ring = (2 * (p - 1) / p * m / bw, 2 * (p - 1) * outer.latency_s)
-    tree = (2 * m / bw, 2 * ((k - 1) * inner.latency_s
-                             + math.ceil(math.log2(domains)) * outer.latency_s))
-    chosen = ring if algorithm == "ring" else tree if algorithm == "tree" else min(
-        ring, tree, key=sum)
-    return sum(chosen), chosen[0], chosen[1]
+    _, ring_bw, ring_lat = collective_time("all_reduce", message_bytes, p, outer, "ring")
+    _, tree_bw, _ = collective_time("all_reduce", message_bytes, p, outer, "tree")
+    tree_lat = 2 * ((k - 1) * inner.latency_s + math.ceil(math.log2(domains)) * outer.latency_s)
+    return _chosen((ring_bw, ring_lat), (tree_bw, tree_lat), algorithm)
 
 
 class CollectiveCostProvider:
