@@ -288,6 +288,19 @@ def test_a_deployment_may_span_the_systems_scale_up_domain():
         _agg_row(system="h100_sxm", **kw)
 
 
+def test_validate_tasks_put_each_disagg_row_first_then_agg_rows_by_deployment():
+    from perfcast.cli.validate import deployment_groups
+
+    def row(mode, backend, version):
+        return {"system": "h100_sxm", "backend": backend, "backend_version": version,
+                "mode": mode}
+
+    rows = [row("agg", "vllm", "0.12.0"), row("disagg", "sglang", "0.5.6"),
+            row("agg", "trtllm", "1.0"), row("agg", "vllm", "0.12.0"),
+            row("disagg", "sglang", "0.5.6"), row("agg", "vllm", "0.18.0")]
+    assert deployment_groups(rows) == [[1], [4], [0, 3], [2], [5]]
+
+
 def test_worker_processes_give_the_same_document_as_one_process():
     """`--workers`: one deployment per task in local processes; the rows, their order,
     their default ids (position in the file) and every number are those of one process."""

@@ -94,8 +94,8 @@ def silicon_rows(a: ValidateArgs) -> list[dict]:
 def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
     """(the `perfcast validate silicon --format json` document, the row results) of the
     rows of `a`; `progress(done, total)` as rows finish. With `a.workers` other than 1 the
-    rows are simulated in local processes, one deployment (system, backend, backend
-    version: the rows that share evidence) per task; the results do not depend on it."""
+    rows are simulated in local processes (tasks: `deployment_groups`); the results do not
+    depend on it."""
     from perfcast.serving.silicon import summarize, summarize_by_mode, validate_rows
 
     if a.workers < 0:
@@ -132,13 +132,19 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
 
 
 def deployment_groups(rows: list[dict]) -> list[list[int]]:
-    """Row indices by deployment (system, backend, backend version), the groups with the
-    most rows first (the tasks that start last are short)."""
+    """Row indices per task: each disaggregated row alone, first (one such row simulates
+    two engines and costs as much CPU as tens of agg rows), then the agg rows by
+    deployment (system, backend, backend version: the rows that share evidence), the
+    groups with the most rows first. So the tasks that start last are short."""
     by_key: dict[tuple[str, str, str], list[int]] = {}
+    disagg: list[list[int]] = []
     for i, r in enumerate(rows):
+        if (r.get("mode") or "").strip() == "disagg":
+            disagg.append([i])
+            continue
         key = tuple((r.get(k) or "").strip() for k in ("system", "backend", "backend_version"))
         by_key.setdefault(key, []).append(i)
-    return sorted(by_key.values(), key=len, reverse=True)
+    return disagg + sorted(by_key.values(), key=len, reverse=True)
 
 
 # one worker process's inputs, built at its first task and kept for the next ones
