@@ -272,10 +272,14 @@ def quick(csv: Path, evidence_root: Path | None, configs: Path) -> int:
     if evidence_root:
         from perfcast.serving.evidence import evidence_loader
         evidence_for = evidence_loader(evidence_root)
+    from perfcast.cli.calibration_option import analytic_for
     rev = default_revision()
     t0 = time.perf_counter()
+    # the path of `perfcast validate silicon --calibration default`: the revision's
+    # serving overheads and its analytic efficiency curves
     res = validate_rows(rows, configs_dir=configs, evidence_for=evidence_for,
-                        overheads=serving_overheads(rev.part("serving_overheads")))
+                        overheads=serving_overheads(rev.part("serving_overheads")),
+                        analytic_for=analytic_for(rev))
     for g in summarize(res):
         print(f"{g['model'][:34]:34s} {g['backend']:7s} rows {g['rows']:4d} cov "
               f"{100 * g['coverage']:5.1f}%  TTFT {_pct(g['ttft_mape'])} med "

@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             overheads.setdefault(backend, {})[fld] = value == "true"
         else:
             overheads.setdefault(backend, {})[f"{fld}_s"] = float(value) * 1e-6
+    from perfcast.cli.calibration_option import analytic_for
     results = validate_rows(rows, configs_dir=Path(args.model_configs), evidence_for=evidence_for,
-                            overheads=overheads or None)
+                            overheads=overheads or None, analytic_for=analytic_for(revision))
     wall = time.perf_counter() - t0
     by_id = {r["id"]: r for r in rows}
     groups: dict[tuple, list] = collections.defaultdict(list)
