@@ -219,10 +219,11 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert not any("harness recipe" in n for n in notes)
 
 
-def test_deepseek_r1_sglang_h200_agg_rows_keep_the_kv_cache_the_launch_script_leaves():
-    # InferenceX dsr1_fp8_h200.sh passes no --kv-cache-dtype (SGLang's default: the model
-    # precision, BF16), so an fp8-labelled agg row caches BF16; the label's fp8 stays for
-    # other engines, other systems and the disagg rows (other launch scripts)
+def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets_it():
+    # SGLang's --kv-cache-dtype defaults to auto (the model's dtype) and the harness's
+    # SGLang launch scripts for DeepSeek-R1 and GLM-5 pass none, so an fp8-labelled SGLang
+    # row caches BF16 on every system and model; Qwen3.5's script passes fp8_e4m3 (its
+    # recipe); other engines keep the label's fp8
     rules = load_rules()
     base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm",
             "backend": "sglang", "backend_version": "0.5.9", "precision": "fp8",
@@ -231,15 +232,26 @@ def test_deepseek_r1_sglang_h200_agg_rows_keep_the_kv_cache_the_launch_script_le
             "tp_size": "8", "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
             "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
     models = ModelResolver(None, rules)
-    cfg, notes = row_config(base, models, rules)
-    assert cfg.precision.kv_cache == "bf16"
-    assert any("KV cache bf16" in n and "dsr1_fp8_h200" in n for n in notes)
-    cfg, _ = row_config({**base, "isl": "1024", "osl": "1024"}, models, rules)
-    assert cfg.precision.kv_cache == "bf16"
+    for same in ({}, {"isl": "1024", "osl": "1024"}, {"system": "h100_sxm"},
+                 {"model_path": "deepseek-ai/DeepSeek-V3"}):
+        cfg, notes = row_config({**base, **same}, models, rules)
+        assert cfg.precision.kv_cache == "bf16", same
+        assert any("KV cache in the model's dtype" in n and "--kv-cache-dtype" in n
+                   for n in notes), same
+    cfg, notes = row_config({**base, "model_path": "Qwen/Qwen3.5-397B-A17B",
+                             "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8"}, models, rules)
+    assert cfg.precision.kv_cache == "fp8"
+    assert any("KV cache fp8 as the launch script sets it" in n and "qwen3.5_fp8_h200" in n
+               for n in notes)
     for other in ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2"},
-                  {"system": "h100_sxm"}, {"model_path": "deepseek-ai/DeepSeek-V3"}):
-        cfg, _ = row_config({**base, **other}, models, rules)
+                  {"backend": "vllm", "backend_version": "0.11.0"}):
+        cfg, notes = row_config({**base, **other}, models, rules)
         assert cfg.precision.kv_cache == "fp8", other
+        assert not any("KV cache in the model's dtype" in n for n in notes), other
+    # a bf16-labelled SGLang row has nothing to override: no note
+    cfg, notes = row_config({**base, "precision": "bf16", "gemm_quant_mode": "",
+                             "moe_quant_mode": ""}, models, rules)
+    assert not any("KV cache in the model's dtype" in n for n in notes)
 
 
 def test_package_rules_and_code_carry_no_validation_file_labels():

@@ -175,7 +175,16 @@ def _precision(row: dict, model: ModelSpec, system: System, rules: dict
     the checkpoint's details (its unquantised modules). Empty labels: the checkpoint."""
     modes = rules["gemm_quant_modes"]
     notes: list[str] = []
-    kv = rules.get("kv_cache_by_precision", {}).get((row.get("precision") or "").strip())
+    label = (row.get("precision") or "").strip()
+    kv = rules.get("kv_cache_by_precision", {}).get(label)
+    engine_default = rules.get("kv_cache_engine_default", {}).get(
+        (row.get("backend") or "").strip())
+    if kv and engine_default:
+        # the engine keeps the model's dtype unless its launch sets one (a harness
+        # recipe may, see `row_config`)
+        kv = None
+        notes.append(f"KV cache in the model's dtype, not fp8 from precision {label}: "
+                     f"{engine_default['source']}")
     checkpoint = precision_for_model(model, kv_cache_dtype=kv)
     gemm, moe = _label_action(row, "gemm_quant_mode", modes), _label_action(
         row, "moe_quant_mode", modes) if (row.get("moe_quant_mode") or "").strip() else None
@@ -326,7 +335,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         # the launch script's KV-cache dtype (e.g. none given: the engine's default)
         precision = replace(precision, kv_cache=precision_for_model(
             model, kv_cache_dtype=kv_dtype).kv_cache)
-        notes.append(f"KV cache {precision.kv_cache}, not the precision label's "
+        notes.append(f"KV cache {precision.kv_cache} as the launch script sets it "
                      f"({recipe['source']})")
     settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
     sched_changes.update(recipe.get("scheduler", {}))
