@@ -221,9 +221,10 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
 
 def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets_it():
     # SGLang's --kv-cache-dtype defaults to auto (the model's dtype) and the harness's
-    # SGLang launch scripts for DeepSeek-R1 and GLM-5 pass none, so an fp8-labelled SGLang
-    # row caches BF16 on every system and model; Qwen3.5's script passes fp8_e4m3 (its
-    # recipe); other engines keep the label's fp8
+    # SGLang launches on H100/H200 pass none (but Qwen3.5's), so an fp8-labelled SGLang
+    # row there caches BF16 whatever the model; Qwen3.5's script passes fp8_e4m3 (its
+    # recipe); on Blackwell the launches pass fp8 and the label rule stays; other engines
+    # keep the label's fp8
     rules = load_rules()
     base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm",
             "backend": "sglang", "backend_version": "0.5.9", "precision": "fp8",
@@ -244,7 +245,8 @@ def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets
     assert any("KV cache fp8 as the launch script sets it" in n and "qwen3.5_fp8_h200" in n
                for n in notes)
     for other in ({"backend": "trtllm", "backend_version": "1.1.0rc2.post2"},
-                  {"backend": "vllm", "backend_version": "0.11.0"}):
+                  {"backend": "vllm", "backend_version": "0.11.0"},
+                  {"system": "b200_sxm"}, {"system": "gb200"}):
         cfg, notes = row_config({**base, **other}, models, rules)
         assert cfg.precision.kv_cache == "fp8", other
         assert not any("KV cache in the model's dtype" in n for n in notes), other

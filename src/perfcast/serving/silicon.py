@@ -179,9 +179,11 @@ def _precision(row: dict, model: ModelSpec, system: System, rules: dict
     kv = rules.get("kv_cache_by_precision", {}).get(label)
     engine_default = rules.get("kv_cache_engine_default", {}).get(
         (row.get("backend") or "").strip())
+    if engine_default and system.name not in engine_default.get("systems", (system.name,)):
+        engine_default = None
     if kv and engine_default:
-        # the engine keeps the model's dtype unless its launch sets one (a harness
-        # recipe may, see `row_config`)
+        # on this system the harness leaves the dtype to the engine, which keeps the
+        # model's (a harness recipe may set one, see `row_config`)
         kv = None
         notes.append(f"KV cache in the model's dtype, not fp8 from precision {label}: "
                      f"{engine_default['source']}")
