@@ -183,6 +183,27 @@ def test_harness_recipe_entries_apply_by_exact_id_system_attention_dp_and_length
                           lengths=(1, 1)) == {}
 
 
+def test_harness_recipe_entries_apply_by_tensor_parallel_size_and_precision_label():
+    from perfcast.serving.silicon import harness_recipe
+    harness = {"model_recipes": {"org/M": {"sglang": [
+        {"tp": [8], "scheduler": {"max_running_requests": 128}, "source": "tp8"},
+        {"tp": [4], "scheduler": {"max_running_requests": 32}, "source": "tp4"},
+        {"precision": ["fp4"], "kv_cache": {"memory_fraction": 0.9}, "source": "fp4"},
+    ]}}}
+
+    def recipe(tp, precision):
+        return harness_recipe(harness, "org/M", "sglang", "b200_sxm", attention_dp=False,
+                              lengths=(8192, 1024), tp=tp, precision=precision)
+
+    assert recipe(8, "fp8") == {"scheduler": {"max_running_requests": 128}, "source": "tp8"}
+    assert recipe(4, "fp4") == {"scheduler": {"max_running_requests": 32},
+                                "kv_cache": {"memory_fraction": 0.9}, "source": "fp4"}
+    assert recipe(2, "fp8") == {}
+    # a caller that gives no layout or label matches no entry that names one
+    assert harness_recipe(harness, "org/M", "sglang", "b200_sxm", attention_dp=False,
+                          lengths=(8192, 1024)) == {}
+
+
 def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     # InferenceX dsr1_fp8_h200_trt: attention_dp_config enable_balance, timeout_iters 60,
     # batching_wait_iters 0, only when the layout has attention DP

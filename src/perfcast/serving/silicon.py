@@ -319,7 +319,9 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     # the recipes are single-node launch scripts of aggregated serving
     recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
                             attention_dp=lead.plan.dp > 1,
-                            lengths=(isl, osl)) if mode == "agg" else {}
+                            lengths=(isl, osl), tp=lead.plan.tp,
+                            precision=(row.get("precision") or "").strip()
+                            ) if mode == "agg" else {}
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
@@ -359,13 +361,19 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
+CONDITIONS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
+
+
 def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
-                   attention_dp: bool, lengths: tuple[int, int]) -> dict:
+                   attention_dp: bool, lengths: tuple[int, int], tp: int | None = None,
+                   precision: str | None = None) -> dict:
     """The harness recipe for one exact model id on one engine and system: the
     settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
     entry citing the script). Entries with `systems` apply only there, with
     `attention_dp` only when the row's layout has (true) or lacks (false) attention DP,
-    with `lengths: [isl, osl]` only to rows of those lengths; later entries override
+    with `lengths: [isl, osl]` only to rows of those lengths, with `tp: [..]` only to
+    rows of those tensor-parallel sizes, with `precision: [..]` only to rows of those
+    precision labels (a launch script per checkpoint); later entries override
     earlier ones. The result carries the last applied entry's `source`; an empty dict
     when no recipe applies."""
     entry = (harness.get("model_recipes") or {}).get(model_id, {})
@@ -380,8 +388,12 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
             continue
         if "lengths" in part and tuple(part["lengths"]) != tuple(lengths):
             continue
+        if "tp" in part and tp not in part["tp"]:
+            continue
+        if "precision" in part and precision not in part["precision"]:
+            continue
         for key, value in part.items():
-            if key in ("systems", "attention_dp", "lengths", "source"):
+            if key in CONDITIONS:
                 continue
             if key in ("scheduler", "kv_cache"):
                 merged.setdefault(key, {}).update(value)
