@@ -240,6 +240,51 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert not any("harness recipe" in n for n in notes)
 
 
+def test_blackwell_recipes_apply_to_their_system_precision_layout_and_lengths():
+    # the InferenceX B200/B300 launch scripts' settings that stayed the same over their
+    # history (silicon_rules.yaml cites each script)
+    rules = load_rules()
+    models = ModelResolver(None, rules)
+    base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "b200_sxm",
+            "backend": "trtllm", "backend_version": "1.3.0rc14", "precision": "fp8",
+            "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
+            "moe_quant_mode": "fp8_block", "pp_size": "1", "batch_size": "64",
+            "tp_size": "8", "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
+            "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    cfg, notes = row_config(base, models, rules)
+    assert cfg.backend.kv_cache.memory_fraction == 0.8
+    assert any("dsr1_fp8_b200_trt" in n for n in notes)
+    # TP 4 at 8192/1024 changed over the script's history: no recipe, the engine default
+    cfg, _ = row_config({**base, "tp_size": "4", "moe_tp_size": "4"}, models, rules)
+    default = row_config({**base, "system": "h100_sxm"}, models, rules)[0]
+    assert cfg.backend.kv_cache.memory_fraction == default.backend.kv_cache.memory_fraction
+    # the fp4 checkpoint's script is another launch
+    cfg, _ = row_config({**base, "precision": "fp4", "gemm_quant_mode": "nvfp4",
+                         "moe_quant_mode": "nvfp4"}, models, rules)
+    assert cfg.backend.kv_cache.memory_fraction != 0.8
+    # attention DP: the balance settings of both DeepSeek-R1 scripts
+    adp = {**base, "batch_size": "16", "tp_size": "1", "attention_dp_size": "8",
+           "moe_tp_size": "1", "moe_ep_size": "8"}
+    for precision in ("fp8", "fp4"):
+        cfg, _ = row_config({**adp, "precision": precision}, models, rules)
+        sched = cfg.backend.scheduler
+        assert (sched.attention_dp_balance, sched.attention_dp_timeout_iters,
+                sched.attention_dp_batching_wait_iters) == (True, 60, 0)
+    gptoss = {**base, "model_path": "openai/gpt-oss-120b", "precision": "fp4",
+              "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4", "tp_size": "2",
+              "moe_tp_size": "2", "isl": "1024", "osl": "1024"}
+    cfg, _ = row_config(gptoss, models, rules)
+    assert cfg.backend.scheduler.token_budget == 20000
+    assert cfg.backend.scheduler.max_running_requests == 512
+    assert cfg.backend.kv_cache.memory_fraction == 0.85
+    kimi = {**base, "model_path": "moonshotai/Kimi-K2.5", "backend": "vllm",
+            "backend_version": "0.24.0", "precision": "int4", "gemm_quant_mode": "int4_wo",
+            "moe_quant_mode": "int4_wo", "system": "b300_sxm"}
+    configs = Path(__file__).resolve().parents[3] / "shared" / "reference" / "model_configs"
+    cfg, _ = row_config(kimi, ModelResolver(configs, rules), rules)
+    assert cfg.backend.kv_cache.memory_fraction == 0.95
+
+
 def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets_it():
     # SGLang's --kv-cache-dtype defaults to auto (the model's dtype) and the harness's
     # SGLang launches on H100/H200 pass none (but Qwen3.5's), so an fp8-labelled SGLang
