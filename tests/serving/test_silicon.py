@@ -283,6 +283,19 @@ def test_blackwell_recipes_apply_to_their_system_precision_layout_and_lengths():
     configs = Path(__file__).resolve().parents[3] / "shared" / "reference" / "model_configs"
     cfg, _ = row_config(kimi, ModelResolver(configs, rules), rules)
     assert cfg.backend.kv_cache.memory_fraction == 0.95
+    sglang = {**base, "backend": "sglang", "backend_version": "0.5.9"}
+    cfg, _ = row_config(sglang, models, rules)
+    sched = cfg.backend.scheduler
+    assert (sched.token_budget, sched.max_running_requests) == (32768, 128)
+    assert cfg.backend.kv_cache.memory_fraction == 0.82
+    assert cfg.precision.kv_cache == "fp8"      # the script's fp8_e4m3, as the label says
+    cfg, _ = row_config({**sglang, "tp_size": "4", "moe_tp_size": "4", "system": "b300_sxm"},
+                        models, rules)
+    assert cfg.backend.scheduler.max_running_requests == 32
+    cfg, _ = row_config({**sglang, "precision": "fp4", "gemm_quant_mode": "nvfp4",
+                         "moe_quant_mode": "nvfp4"}, models, rules)
+    assert cfg.backend.scheduler.max_running_requests == 256
+    assert cfg.backend.kv_cache.memory_fraction == 0.85
 
 
 def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets_it():
