@@ -289,13 +289,29 @@ def test_blackwell_recipes_apply_to_their_system_precision_layout_and_lengths():
     assert (sched.token_budget, sched.max_running_requests) == (32768, 128)
     assert cfg.backend.kv_cache.memory_fraction == 0.82
     assert cfg.precision.kv_cache == "fp8"      # the script's fp8_e4m3, as the label says
-    cfg, _ = row_config({**sglang, "tp_size": "4", "moe_tp_size": "4", "system": "b300_sxm"},
-                        models, rules)
-    assert cfg.backend.scheduler.max_running_requests == 32
+    # TP 4 took the TP 8 values until its branch was added: changed, not applied
+    cfg, notes = row_config({**sglang, "tp_size": "4", "moe_tp_size": "4",
+                             "system": "b300_sxm"}, models, rules)
+    assert cfg.backend.scheduler.max_running_requests != 128
+    assert not any(n.startswith("harness recipe") for n in notes)
     cfg, _ = row_config({**sglang, "precision": "fp4", "gemm_quant_mode": "nvfp4",
                          "moe_quant_mode": "nvfp4"}, models, rules)
     assert cfg.backend.scheduler.max_running_requests == 256
     assert cfg.backend.kv_cache.memory_fraction == 0.85
+    # GLM-5 under each of its organisation's names; Qwen3.5 on B300 by checkpoint
+    for name in ("zhipuai/GLM-5", "zai-org/GLM-5"):
+        glm = {**sglang, "model_path": name, "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8"}
+        cfg, _ = row_config(glm, ModelResolver(configs, rules), rules)
+        assert cfg.backend.scheduler.token_budget == 32768
+        assert cfg.backend.kv_cache.memory_fraction == 0.85
+    qwen = {**sglang, "model_path": "Qwen/Qwen3.5-397B-A17B", "system": "b300_sxm",
+            "tp_size": "4", "moe_tp_size": "4", "gemm_quant_mode": "fp8",
+            "moe_quant_mode": "fp8"}
+    cfg, _ = row_config(qwen, ModelResolver(configs, rules), rules)
+    assert (cfg.backend.scheduler.token_budget, cfg.backend.kv_cache.memory_fraction) == (
+        16384, 0.8)
+    cfg, _ = row_config({**qwen, "system": "b200_sxm"}, ModelResolver(configs, rules), rules)
+    assert cfg.backend.kv_cache.memory_fraction != 0.8   # retuned over its history
 
 
 def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets_it():
