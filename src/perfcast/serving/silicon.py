@@ -361,7 +361,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
-CONDITIONS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
+RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
 
 
 def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
@@ -393,7 +393,7 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
         if "precision" in part and precision not in part["precision"]:
             continue
         for key, value in part.items():
-            if key in CONDITIONS:
+            if key in RECIPE_META_KEYS:   # conditions and the source, not settings
                 continue
             if key in ("scheduler", "kv_cache"):
                 merged.setdefault(key, {}).update(value)
