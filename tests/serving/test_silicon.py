@@ -240,17 +240,23 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert not any("harness recipe" in n for n in notes)
 
 
+def deepseek_r1_agg_row(**fields) -> dict:
+    """A DeepSeek-R1 fp8 agg row at TP 8, 8192/1024, with `fields` changed."""
+    row = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "precision": "fp8",
+           "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
+           "moe_quant_mode": "fp8_block", "pp_size": "1", "tp_size": "8",
+           "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
+           "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    return {**row, **fields}
+
+
 def test_blackwell_recipes_apply_to_their_system_precision_layout_and_lengths():
     # the InferenceX B200/B300 launch scripts' settings that stayed the same over their
     # history (silicon_rules.yaml cites each script)
     rules = load_rules()
     models = ModelResolver(None, rules)
-    base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "b200_sxm",
-            "backend": "trtllm", "backend_version": "1.3.0rc14", "precision": "fp8",
-            "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
-            "moe_quant_mode": "fp8_block", "pp_size": "1", "batch_size": "64",
-            "tp_size": "8", "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
-            "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    base = deepseek_r1_agg_row(system="b200_sxm", backend="trtllm",
+                               backend_version="1.3.0rc14", batch_size="64")
     cfg, notes = row_config(base, models, rules)
     assert cfg.backend.kv_cache.memory_fraction == 0.8
     assert any("dsr1_fp8_b200_trt" in n for n in notes)
@@ -321,12 +327,8 @@ def test_sglang_rows_keep_the_kv_cache_in_the_model_dtype_unless_the_launch_sets
     # recipe); on Blackwell the launches pass fp8 and the label rule stays; other engines
     # keep the label's fp8
     rules = load_rules()
-    base = {"id": "x", "model_path": "deepseek-ai/DeepSeek-R1", "system": "h200_sxm",
-            "backend": "sglang", "backend_version": "0.5.9", "precision": "fp8",
-            "mode": "agg", "isl": "8192", "osl": "1024", "gemm_quant_mode": "fp8_block",
-            "moe_quant_mode": "fp8_block", "pp_size": "1", "batch_size": "16",
-            "tp_size": "8", "attention_dp_size": "1", "moe_tp_size": "8", "moe_ep_size": "1",
-            "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    base = deepseek_r1_agg_row(system="h200_sxm", backend="sglang", backend_version="0.5.9",
+                               batch_size="16")
     models = ModelResolver(None, rules)
     for same in ({}, {"isl": "1024", "osl": "1024"}, {"system": "h100_sxm"},
                  {"model_path": "deepseek-ai/DeepSeek-V3"}):
