@@ -119,3 +119,46 @@ def test_validate_json_has_a_disagg_summary(tmp_path):
     by_id = {r["row_id"]: r for r in doc["rows"]}
     assert by_id[WIDE]["pred_ttft_ms"] > 0
     assert all(by_id[i]["pred_ttft_ms"] is None for i in NO_COUNTS)
+
+
+def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_concurrency():
+    """InferenceX dsr1-fp8-h100-dynamo-trt runs one srt-slurm recipe per concurrency:
+    9 clients (3 decode workers x decode_batch_size 3) ran ctx1_gen3_tep16_batch2,
+    decode max_batch_size 2 per worker; the prefill worker 2 requests and 2,048 tokens
+    per rank."""
+    cfg, notes = _config(WIDE)
+    assert cfg.concurrency == 9 and cfg.decode_max_running_requests == 2
+    assert cfg.backend.scheduler.token_budget == 2048
+    assert cfg.backend.scheduler.max_running_requests == 2
+    assert any("ctx1_gen3_tep16_batch2_eplb0_mtp0.yaml" in n for n in notes)
+    rules = load_rules()
+    models = ModelResolver(None, rules)
+    # 8192/1024 with 154 clients on 2 decode workers: ctx1_gen2_tep16_batch64
+    long = {**ROWS[WIDE], "isl": "8192", "decode_num_workers": "2", "decode_batch_size": "77"}
+    cfg, _ = row_config(long, models, rules)
+    assert cfg.concurrency == 154 and cfg.decode_max_running_requests == 64
+    assert cfg.backend.scheduler.token_budget == 8224
+    # a concurrency the recipe list does not hold: the engine's defaults
+    other, notes = row_config({**ROWS[WIDE], "decode_batch_size": "4"}, models, rules)
+    assert other.concurrency == 12 and other.decode_max_running_requests is None
+    assert not any("srt-slurm" in n for n in notes)
+    # the same model on another system: not this recipe
+    h200, _ = row_config({**ROWS[WIDE], "system": "h200_sxm"}, models, rules)
+    assert h200.decode_max_running_requests is None
+
+
+def test_disagg_recipes_do_not_reach_agg_rows():
+    from perfcast.serving.silicon import harness_recipe
+    harness = {"model_recipes": {"org/M": {"trtllm": [
+        {"scheduler": {"token_budget": 100}, "source": "agg script"},
+        {"mode": "disagg", "concurrency": [6], "decode_max_batch_size": 1,
+         "source": "disagg recipe"},
+    ]}}}
+
+    def recipe(mode, conc):
+        return harness_recipe(harness, "org/M", "trtllm", "h100_sxm", attention_dp=False,
+                              lengths=(1024, 1024), mode=mode, concurrency=conc)
+
+    assert recipe("agg", 6) == {"scheduler": {"token_budget": 100}, "source": "agg script"}
+    assert recipe("disagg", 6) == {"decode_max_batch_size": 1, "source": "disagg recipe"}
+    assert recipe("disagg", 7) == {}

@@ -316,12 +316,11 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
-    # the recipes are single-node launch scripts of aggregated serving
     recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
                             attention_dp=lead.plan.dp > 1,
                             lengths=(isl, osl), tp=lead.plan.tp,
-                            precision=(row.get("precision") or "").strip()
-                            ) if mode == "agg" else {}
+                            precision=(row.get("precision") or "").strip(),
+                            mode=mode, concurrency=conc)
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
@@ -341,7 +340,12 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
             model, kv_cache_dtype=kv_dtype).kv_cache)
         notes.append(f"KV cache {precision.kv_cache} as the launch script sets it "
                      f"({recipe['source']})")
+    decode_max_batch = recipe.get("decode_max_batch_size")
+    if decode_max_batch is not None and mode != "disagg":
+        raise ConfigError(f"decode_max_batch_size in an agg recipe ({recipe['source']})")
     settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
+    if decode_max_batch is not None:
+        settings["decode max_batch_size"] = decode_max_batch
     sched_changes.update(recipe.get("scheduler", {}))
     if recipe.get("kv_cache"):
         backend = replace(backend, kv_cache=replace(backend.kv_cache, **recipe["kv_cache"]))
@@ -355,26 +359,32 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
                                                       capture_sizes=sizes))
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
+                      decode_max_running_requests=(None if decode_max_batch is None
+                                                   else int(decode_max_batch)),
                       isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
 
 
-RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
+RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "mode",
+                    "concurrency", "source")
 
 
 def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
                    attention_dp: bool, lengths: tuple[int, int], tp: int | None = None,
-                   precision: str | None = None) -> dict:
+                   precision: str | None = None, mode: str = "agg",
+                   concurrency: int | None = None) -> dict:
     """The harness recipe for one exact model id on one engine and system: the
     settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
     entry citing the script). Entries with `systems` apply only there, with
     `attention_dp` only when the row's layout has (true) or lacks (false) attention DP,
     with `lengths: [isl, osl]` only to rows of those lengths, with `tp: [..]` only to
     rows of those tensor-parallel sizes, with `precision: [..]` only to rows of those
-    precision labels (a launch script per checkpoint); later entries override
-    earlier ones. The result carries the last applied entry's `source`; an empty dict
+    precision labels (a launch script per checkpoint), with `concurrency: [..]` only to
+    rows of those client concurrencies (a multi-node recipe per concurrency). An entry
+    applies to rows of its `mode` (agg | disagg; agg when it names none: single-node
+    launch scripts of aggregated serving). Later entries override earlier ones. The result carries the last applied entry's `source`; an empty dict
     when no recipe applies."""
     entry = (harness.get("model_recipes") or {}).get(model_id, {})
     merged: dict = {}
@@ -391,6 +401,10 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
         if "tp" in part and tp not in part["tp"]:
             continue
         if "precision" in part and precision not in part["precision"]:
+            continue
+        if part.get("mode", "agg") != mode:
+            continue
+        if "concurrency" in part and concurrency not in part["concurrency"]:
             continue
         for key, value in part.items():
             if key in RECIPE_META_KEYS:   # conditions and the source, not settings
