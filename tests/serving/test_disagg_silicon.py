@@ -142,6 +142,10 @@ def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_concurrency():
     other, notes = row_config({**ROWS[WIDE], "decode_batch_size": "4"}, models, rules)
     assert other.concurrency == 12 and other.decode_max_running_requests is None
     assert not any("srt-slurm" in n for n in notes)
+    # 9 clients on one decode worker is another deployment than the recipe's
+    other, _ = row_config({**ROWS[WIDE], "decode_num_workers": "1", "decode_batch_size": "9"},
+                          models, rules)
+    assert other.concurrency == 9 and other.decode_max_running_requests is None
     # the same model on another system: not this recipe
     h200, _ = row_config({**ROWS[WIDE], "system": "h200_sxm"}, models, rules)
     assert h200.decode_max_running_requests is None
@@ -151,14 +155,17 @@ def test_disagg_recipes_do_not_reach_agg_rows():
     from perfcast.serving.silicon import harness_recipe
     harness = {"model_recipes": {"org/M": {"trtllm": [
         {"scheduler": {"token_budget": 100}, "source": "agg script"},
-        {"mode": "disagg", "concurrency": [6], "decode_max_batch_size": 1,
+        {"mode": "disagg", "concurrency": [6], "workers": [1, 3], "decode_max_batch_size": 1,
          "source": "disagg recipe"},
     ]}}}
 
-    def recipe(mode, conc):
+    def recipe(mode, conc, workers=(1, 3)):
         return harness_recipe(harness, "org/M", "trtllm", "h100_sxm", attention_dp=False,
-                              lengths=(1024, 1024), mode=mode, concurrency=conc)
+                              lengths=(1024, 1024), mode=mode, concurrency=conc,
+                              workers=workers)
 
-    assert recipe("agg", 6) == {"scheduler": {"token_budget": 100}, "source": "agg script"}
+    assert recipe("agg", 6, None) == {"scheduler": {"token_budget": 100},
+                                      "source": "agg script"}
     assert recipe("disagg", 6) == {"decode_max_batch_size": 1, "source": "disagg recipe"}
     assert recipe("disagg", 7) == {}
+    assert recipe("disagg", 6, (2, 3)) == {}

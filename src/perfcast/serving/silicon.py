@@ -320,7 +320,8 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
                             attention_dp=lead.plan.dp > 1,
                             lengths=(isl, osl), tp=lead.plan.tp,
                             precision=(row.get("precision") or "").strip(),
-                            mode=mode, concurrency=conc)
+                            mode=mode, concurrency=conc,
+                            workers=(pool.workers, decode_pool.workers) if decode_pool else None)
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
@@ -368,13 +369,14 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
 
 
 RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "mode",
-                    "concurrency", "source")
+                    "concurrency", "workers", "source")
 
 
 def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
                    attention_dp: bool, lengths: tuple[int, int], tp: int | None = None,
                    precision: str | None = None, mode: str = "agg",
-                   concurrency: int | None = None) -> dict:
+                   concurrency: int | None = None,
+                   workers: tuple[int, int] | None = None) -> dict:
     """The harness recipe for one exact model id on one engine and system: the
     settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
     entry citing the script). Entries with `systems` apply only there, with
@@ -382,7 +384,8 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
     with `lengths: [isl, osl]` only to rows of those lengths, with `tp: [..]` only to
     rows of those tensor-parallel sizes, with `precision: [..]` only to rows of those
     precision labels (a launch script per checkpoint), with `concurrency: [..]` only to
-    rows of those client concurrencies (a multi-node recipe per concurrency). An entry
+    rows of those client concurrencies (a multi-node recipe per concurrency), with
+    `workers: [prefill, decode]` only to disagg rows of those worker counts. An entry
     applies to rows of its `mode` (agg | disagg; agg when it names none: single-node
     launch scripts of aggregated serving). Later entries override earlier ones. The result carries the last applied entry's `source`; an empty dict
     when no recipe applies."""
@@ -405,6 +408,8 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
         if part.get("mode", "agg") != mode:
             continue
         if "concurrency" in part and concurrency not in part["concurrency"]:
+            continue
+        if "workers" in part and (workers is None or tuple(part["workers"]) != tuple(workers)):
             continue
         for key, value in part.items():
             if key in RECIPE_META_KEYS:   # conditions and the source, not settings
