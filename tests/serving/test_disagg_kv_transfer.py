@@ -136,3 +136,19 @@ def test_a_full_decode_worker_holds_the_next_request_until_one_finishes():
     decode_ms = 100 * full.tpot_ms["p50"]
     assert full.ttft_ms["p50"] == pytest.approx(decode_ms, rel=0.02)
     assert room.ttft_ms["p50"] < 0.1 * decode_ms
+
+
+def test_decode_slots_are_not_capped_by_the_prefill_token_budget():
+    """A decode worker's step has one token per running request: 8 slots run 8 requests
+    at once although the backend's token budget (the prefill worker's) is 4 tokens."""
+    from perfcast.serving.backends import load_backend
+
+    backend = load_backend("trtllm").with_scheduler(token_budget=4)
+    cfg = ServeConfig(model="meta-llama/Llama-3.1-8B", system="h100_sxm", backend=backend,
+                      mode="disagg", pool=Pool(ParallelPlan(tp=1)),
+                      decode_pool=Pool(ParallelPlan(tp=1)), decode_max_running_requests=8,
+                      isl=4, osl=51, range_ratio=1.0, concurrency=8, num_requests=16)
+    m = run_serving(cfg).metrics
+    # no request waits for a slot (half of them would wait a whole decode, 50 x TPOT):
+    # the last first token comes after 8 one-prompt prefill steps
+    assert m.ttft_ms["p99"] < 0.5 * 50 * m.tpot_ms["p50"]

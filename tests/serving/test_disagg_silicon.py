@@ -121,11 +121,11 @@ def test_validate_json_has_a_disagg_summary(tmp_path):
     assert all(by_id[i]["pred_ttft_ms"] is None for i in NO_COUNTS)
 
 
-def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_concurrency():
+def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_run():
     """InferenceX dsr1-fp8-h100-dynamo-trt runs one srt-slurm recipe per concurrency:
-    9 clients (3 decode workers x decode_batch_size 3) ran ctx1_gen3_tep16_batch2,
-    decode max_batch_size 2 per worker; the prefill worker 2 requests and 2,048 tokens
-    per rank."""
+    9 clients on 1 prefill and 3 decode workers ran ctx1_gen3_tep16_batch2, decode
+    max_batch_size 2 per worker; the prefill worker 2 requests and 2,048 tokens per
+    rank."""
     cfg, notes = _config(WIDE)
     assert cfg.concurrency == 9 and cfg.decode_max_running_requests == 2
     assert cfg.backend.scheduler.token_budget == 2048
@@ -137,35 +137,63 @@ def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_concurrency():
     long = {**ROWS[WIDE], "isl": "8192", "decode_num_workers": "2", "decode_batch_size": "77"}
     cfg, _ = row_config(long, models, rules)
     assert cfg.concurrency == 154 and cfg.decode_max_running_requests == 64
-    assert cfg.backend.scheduler.token_budget == 8224
-    # a concurrency the recipe list does not hold: the engine's defaults
+    # a concurrency the search space does not run: the engine's defaults
     other, notes = row_config({**ROWS[WIDE], "decode_batch_size": "4"}, models, rules)
     assert other.concurrency == 12 and other.decode_max_running_requests is None
-    assert not any("srt-slurm" in n for n in notes)
+    assert not any("recipe" in n for n in notes)
     # 9 clients on one decode worker is another deployment than the recipe's
     other, _ = row_config({**ROWS[WIDE], "decode_num_workers": "1", "decode_batch_size": "9"},
                           models, rules)
     assert other.concurrency == 9 and other.decode_max_running_requests is None
-    # the same model on another system: not this recipe
-    h200, _ = row_config({**ROWS[WIDE], "system": "h200_sxm"}, models, rules)
-    assert h200.decode_max_running_requests is None
+    # the same deployment on another system or precision label: not this search space
+    for change in ({"system": "h200_sxm"}, {"precision": "fp4"}):
+        other, _ = row_config({**ROWS[WIDE], **change}, models, rules)
+        assert other.decode_max_running_requests is None
 
 
-def test_disagg_recipes_do_not_reach_agg_rows():
-    from perfcast.serving.silicon import harness_recipe
-    harness = {"model_recipes": {"org/M": {"trtllm": [
-        {"scheduler": {"token_budget": 100}, "source": "agg script"},
-        {"mode": "disagg", "concurrency": [6], "workers": [1, 3], "decode_max_batch_size": 1,
-         "source": "disagg recipe"},
-    ]}}}
+def test_disagg_recipe_matches_every_field_of_a_run():
+    from perfcast.serving.deploy import Pool
+    from perfcast.serving.silicon import disagg_recipe
+    harness = {"disagg_recipes": {"space": {
+        "models": ["org/M"], "backend": "trtllm", "systems": ["b200_sxm"],
+        "precision": ["fp4"], "source": "space source",
+        "runs": [[1024, 1024, 6, 1, 3, False, 1, 2, 2048, "a.yaml"],
+                 [1024, 1024, 512, 1, 1, True, 64, None, None, "b.yaml"]]}}}
+    tep, dep = Pool(ParallelPlan(tp=8), 3), Pool(ParallelPlan(tp=1, dp=8), 1)
+    prefill = Pool(ParallelPlan(tp=8), 1)
 
-    def recipe(mode, conc, workers=(1, 3)):
-        return harness_recipe(harness, "org/M", "trtllm", "h100_sxm", attention_dp=False,
-                              lengths=(1024, 1024), mode=mode, concurrency=conc,
-                              workers=workers)
+    def recipe(model="org/M", system="b200_sxm", label="fp4", lengths=(1024, 1024), conc=6,
+               decode=tep):
+        return disagg_recipe(harness, model, "trtllm", system, label, lengths, conc,
+                             prefill, decode)
 
-    assert recipe("agg", 6, None) == {"scheduler": {"token_budget": 100},
-                                      "source": "agg script"}
-    assert recipe("disagg", 6) == {"decode_max_batch_size": 1, "source": "disagg recipe"}
-    assert recipe("disagg", 7) == {}
-    assert recipe("disagg", 6, (2, 3)) == {}
+    assert recipe() == {"decode_max_batch_size": 1,
+                        "scheduler": {"max_running_requests": 2, "token_budget": 2048},
+                        "source": "space source; recipe a.yaml"}
+    # prefill settings that differ between the recipe's versions are not set
+    assert recipe(conc=512, decode=dep) == {"decode_max_batch_size": 64,
+                                            "source": "space source; recipe b.yaml"}
+    for changed in (dict(model="org/M-2"), dict(system="gb200"), dict(label="fp8"),
+                    dict(lengths=(8192, 1024)), dict(conc=7), dict(conc=512),
+                    dict(decode=Pool(ParallelPlan(tp=8), 2))):
+        assert recipe(**changed) == {}, changed
+    harness["disagg_recipes"]["space"]["runs"].append([1024, 1024, 9, 1, 3])
+    with pytest.raises(Exception, match="5 fields"):
+        recipe(conc=9)
+
+
+def test_every_shipped_disagg_run_is_well_formed_and_unique():
+    from perfcast.serving.silicon import DISAGG_RUN_FIELDS
+    spaces = load_rules()["harness"]["disagg_recipes"]
+    assert spaces
+    for name, entry in spaces.items():
+        assert entry["source"] and entry["models"] and entry["systems"], name
+        keys = set()
+        for run in entry["runs"]:
+            assert len(run) == len(DISAGG_RUN_FIELDS), (name, run)
+            r = dict(zip(DISAGG_RUN_FIELDS, run))
+            assert r["decode_max_batch_size"] >= 1 and r["recipe"]
+            key = (r["isl"], r["osl"], r["concurrency"], r["prefill_workers"],
+                   r["decode_workers"], r["decode_attention_dp"])
+            assert key not in keys, (name, key)   # one run per deployment
+            keys.add(key)

@@ -227,7 +227,7 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     assert cfg.backend.kv_cache.memory_fraction == 0.75   # with or without attention DP
     cfg, _ = row_config({**adp, "system": "h100_sxm"}, ModelResolver(None, rules), rules)
     assert cfg.backend.scheduler.attention_dp_balance is False
-    # disagg rows ran other launch scripts: no recipe
+    # disagg rows ran other launch scripts: not the agg script's settings
     disagg = {**base, "mode": "disagg", "prefill_num_workers": "1", "decode_num_workers": "1",
               "decode_batch_size": "16", "prefill_tp_size": "8", "prefill_pp_size": "1",
               "prefill_attention_dp_size": "1", "prefill_moe_tp_size": "1",
@@ -237,7 +237,10 @@ def test_deepseek_r1_trtllm_h200_attention_dp_rows_run_the_recipes_balance():
     cfg, notes = row_config(disagg, ModelResolver(None, rules), rules)
     assert cfg.decode_pool.plan.dp == 8
     assert cfg.backend.scheduler.attention_dp_balance is False
-    assert not any("harness recipe" in n for n in notes)
+    assert not any("dsr1_fp8_h200_trt" in n for n in notes)
+    # but the multi-node recipe of its run (128 clients, 1 + 1 workers, 8,192 tokens)
+    assert cfg.decode_max_running_requests == 256
+    assert any("c128_ctx1_gen1_dep8_batch256" in n for n in notes)
 
 
 def deepseek_r1_agg_row(**fields) -> dict:

@@ -213,7 +213,11 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
         dp = pool.plan.dp
         sched = backend.scheduler
         if role == "decode" and cfg.decode_max_running_requests is not None:
-            sched = replace(sched, max_running_requests=cfg.decode_max_running_requests)
+            # a decode worker's step has one token per running request: its budget (the
+            # recipes' decode max_num_tokens) is the prefill pool's or its slots, the larger
+            slots = cfg.decode_max_running_requests
+            sched = replace(sched, max_running_requests=slots,
+                            token_budget=max(sched.token_budget, slots))
         if dp > 1:
             sched = replace(sched, token_budget=sched.token_budget * dp,
                             max_running_requests=sched.max_running_requests * dp)

@@ -316,12 +316,16 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         notes.append(backend.version_note)
     per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
-    recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
-                            attention_dp=lead.plan.dp > 1,
-                            lengths=(isl, osl), tp=lead.plan.tp,
-                            precision=(row.get("precision") or "").strip(),
-                            mode=mode, concurrency=conc,
-                            workers=(pool.workers, decode_pool.workers) if decode_pool else None)
+    label = (row.get("precision") or "").strip()
+    # model_recipes are single-node launch scripts of aggregated serving; disagg rows
+    # take the multi-node recipe of their deployment (disagg_recipes)
+    if mode == "agg":
+        recipe = harness_recipe(harness, row["model_path"].strip(), name, system.name,
+                                attention_dp=lead.plan.dp > 1, lengths=(isl, osl),
+                                tp=lead.plan.tp, precision=label)
+    else:
+        recipe = disagg_recipe(harness, row["model_path"].strip(), name, system.name,
+                               label, (isl, osl), conc, pool, decode_pool)
     sched_changes: dict = {}
     if budget_rule:
         budget = int(budget_rule.get("min", backend.scheduler.token_budget))
@@ -341,12 +345,10 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
             model, kv_cache_dtype=kv_dtype).kv_cache)
         notes.append(f"KV cache {precision.kv_cache} as the launch script sets it "
                      f"({recipe['source']})")
-    decode_max_batch = recipe.get("decode_max_batch_size")
-    if decode_max_batch is not None and mode != "disagg":
-        raise ConfigError(f"decode_max_batch_size in an agg recipe ({recipe['source']})")
+    decode_slots = recipe.get("decode_max_batch_size")
     settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
-    if decode_max_batch is not None:
-        settings["decode max_batch_size"] = decode_max_batch
+    if decode_slots is not None:
+        settings["decode max_batch_size"] = decode_slots
     sched_changes.update(recipe.get("scheduler", {}))
     if recipe.get("kv_cache"):
         backend = replace(backend, kv_cache=replace(backend.kv_cache, **recipe["kv_cache"]))
@@ -360,34 +362,27 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
                                                       capture_sizes=sizes))
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
-                      decode_max_running_requests=(None if decode_max_batch is None
-                                                   else int(decode_max_batch)),
+                      decode_max_running_requests=decode_slots,
                       isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
 
 
-RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "mode",
-                    "concurrency", "workers", "source")
+RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
 
 
 def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
                    attention_dp: bool, lengths: tuple[int, int], tp: int | None = None,
-                   precision: str | None = None, mode: str = "agg",
-                   concurrency: int | None = None,
-                   workers: tuple[int, int] | None = None) -> dict:
+                   precision: str | None = None) -> dict:
     """The harness recipe for one exact model id on one engine and system: the
     settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
     entry citing the script). Entries with `systems` apply only there, with
     `attention_dp` only when the row's layout has (true) or lacks (false) attention DP,
     with `lengths: [isl, osl]` only to rows of those lengths, with `tp: [..]` only to
     rows of those tensor-parallel sizes, with `precision: [..]` only to rows of those
-    precision labels (a launch script per checkpoint), with `concurrency: [..]` only to
-    rows of those client concurrencies (a multi-node recipe per concurrency), with
-    `workers: [prefill, decode]` only to disagg rows of those worker counts. An entry
-    applies to rows of its `mode` (agg | disagg; agg when it names none: single-node
-    launch scripts of aggregated serving). Later entries override earlier ones. The result carries the last applied entry's `source`; an empty dict
+    precision labels (a launch script per checkpoint); later entries override
+    earlier ones. The result carries the last applied entry's `source`; an empty dict
     when no recipe applies."""
     entry = (harness.get("model_recipes") or {}).get(model_id, {})
     merged: dict = {}
@@ -405,12 +400,6 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
             continue
         if "precision" in part and precision not in part["precision"]:
             continue
-        if part.get("mode", "agg") != mode:
-            continue
-        if "concurrency" in part and concurrency not in part["concurrency"]:
-            continue
-        if "workers" in part and (workers is None or tuple(part["workers"]) != tuple(workers)):
-            continue
         for key, value in part.items():
             if key in RECIPE_META_KEYS:   # conditions and the source, not settings
                 continue
@@ -420,6 +409,47 @@ def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
                 merged[key] = value
         merged["source"] = part.get("source") or entry.get("source", "")
     return merged
+
+
+DISAGG_RUN_FIELDS = ("isl", "osl", "concurrency", "prefill_workers", "decode_workers",
+                     "decode_attention_dp", "decode_max_batch_size", "prefill_max_batch_size",
+                     "prefill_max_num_tokens", "recipe")
+
+
+def disagg_recipe(harness: dict, model_id: str, backend: str, system: str, precision: str,
+                  lengths: tuple[int, int], concurrency: int, prefill: Pool,
+                  decode: Pool) -> dict:
+    """The multi-node recipe a disagg row's deployment ran (`disagg_recipes` in
+    silicon_rules.yaml): a search space of the harness lists one recipe per client
+    concurrency and worker counts; a row takes the run whose lengths, concurrency,
+    prefill and decode worker counts and decode attention DP are its own, in a space
+    for its exact model id, engine, system and precision label. The settings: the
+    decode workers' `max_batch_size` per rank (`decode_max_batch_size`) and, where
+    every version of the recipe agrees, the prefill worker's `max_batch_size` and
+    `max_num_tokens` per rank (the scheduler's `max_running_requests` and
+    `token_budget`). An empty dict when no run matches."""
+    for space, entry in (harness.get("disagg_recipes") or {}).items():
+        if (model_id not in entry["models"] or backend != entry["backend"]
+                or system not in entry["systems"] or precision not in entry["precision"]):
+            continue
+        for run in entry["runs"]:
+            if len(run) != len(DISAGG_RUN_FIELDS):
+                raise ConfigError(f"disagg_recipes[{space!r}]: a run has {len(run)} fields, "
+                                  f"expected {len(DISAGG_RUN_FIELDS)} "
+                                  f"({', '.join(DISAGG_RUN_FIELDS)})")
+            r = dict(zip(DISAGG_RUN_FIELDS, run))
+            if ((r["isl"], r["osl"]) != tuple(lengths) or r["concurrency"] != concurrency
+                    or r["prefill_workers"] != prefill.workers
+                    or r["decode_workers"] != decode.workers
+                    or bool(r["decode_attention_dp"]) != (decode.plan.dp > 1)):
+                continue
+            out: dict = {"decode_max_batch_size": int(r["decode_max_batch_size"]),
+                         "source": f"{entry['source']}; recipe {r['recipe']}"}
+            if r["prefill_max_batch_size"] is not None:
+                out["scheduler"] = {"max_running_requests": int(r["prefill_max_batch_size"]),
+                                    "token_budget": int(r["prefill_max_num_tokens"])}
+            return out
+    return {}
 
 
 def closed_loop_in_decode(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
