@@ -51,6 +51,18 @@ def test_decode_attention_dp_multiplies_the_concurrency():
     assert cfg.concurrency == 1152
 
 
+def test_a_fractional_decode_batch_size_gives_back_the_whole_concurrency():
+    """C / (workers x attention-DP) need not be whole: 4,301 clients on one decode worker
+    of 8 attention-DP ranks record 537.625; a product that is no whole number of clients
+    is a reason."""
+    rules = load_rules()
+    row = {**ROWS[ADP8_EP8], "decode_num_workers": "1", "decode_batch_size": "537.625"}
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    assert cfg.concurrency == 4301
+    with pytest.raises(RowError, match="not a whole number of clients"):
+        row_config({**row, "decode_batch_size": "537.6"}, ModelResolver(None, rules), rules)
+
+
 def test_worker_wider_than_a_node_is_modelled_over_the_scale_out_tier():
     cfg, notes = _config(WIDE)
     assert cfg.pool.plan.num_devices == 16 and cfg.decode_pool.plan.num_devices == 16

@@ -500,7 +500,15 @@ def _disagg_layout(row: dict, system: System, rules: dict
                          f"over {tier.name}")
         pools.append(Pool(plan, workers))
     prefill, decode = pools
-    conc = _int(row, "decode_batch_size") * decode.workers * decode.plan.dp
+    # decode_batch_size = C / (decode workers x decode attention-DP) may be a fraction
+    # (4,301 clients on 8 ranks: 537.625); C is the integer it gives back
+    per_rank = _num(row, "decode_batch_size")
+    total = per_rank * decode.workers * decode.plan.dp
+    conc = round(total)
+    if per_rank < 0 or abs(total - conc) > 1e-6 * max(1.0, total):
+        raise RowError(f"decode_batch_size {per_rank:g} x {decode.workers} decode workers x "
+                       f"decode attention-DP {decode.plan.dp} = {total:g} is not a whole "
+                       "number of clients")
     return prefill, decode, conc, notes
 
 
