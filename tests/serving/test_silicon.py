@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from perfcast.cli.main import app
 from perfcast.evidence.versions import nearest_version, version_key
 from perfcast.serving.silicon import closed_loop_in_decode, ttft_in_completion_gaps
-from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config,
+from perfcast.serving.silicon import (ModelResolver, RowError, load_rules, read_rows, row_config,
                                       summarize, validate_rows)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "silicon" / "h100_sxm_slice.csv"
@@ -436,3 +436,16 @@ def test_worker_processes_give_the_same_document_as_one_process():
     assert [r.row_id for r in results][2:] == [r["id"] for r in rows[2:]]
     assert seen[-1] == (len(rows), len(rows)) and seen == sorted(seen)
     assert any(r.predicted for r in results) and any(r.reason for r in results)
+
+
+def test_a_fractional_agg_batch_size_gives_back_the_whole_concurrency():
+    """batch_size = C / attention-DP: 100 clients on 8 ranks record 12.5."""
+    rules = load_rules()
+    models = ModelResolver(None, rules)
+    row = deepseek_r1_agg_row(system="h200_sxm", backend="sglang", backend_version="0.5.6",
+                              tp_size="1", attention_dp_size="8", moe_tp_size="1",
+                              moe_ep_size="8", batch_size="12.5")
+    cfg, _ = row_config(row, models, rules)
+    assert cfg.concurrency == 100
+    with pytest.raises(RowError, match="not a whole number of clients"):
+        row_config({**row, "batch_size": "12.4"}, models, rules)

@@ -296,7 +296,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     mode = row["mode"].strip()
     if mode == "agg":
         plan, adp = _agg_layout(row, rules, scale_up_gpus(system, rules))
-        conc = _int(row, "batch_size") * adp
+        conc = _clients(row, "batch_size", adp, f"attention-DP {adp}")
         pool, decode_pool = Pool(plan), None
     elif mode == "disagg":
         pool, decode_pool, conc, layout_notes = _disagg_layout(row, system, rules)
@@ -500,16 +500,22 @@ def _disagg_layout(row: dict, system: System, rules: dict
                          f"over {tier.name}")
         pools.append(Pool(plan, workers))
     prefill, decode = pools
-    # decode_batch_size = C / (decode workers x decode attention-DP) may be a fraction
-    # (4,301 clients on 8 ranks: 537.625); C is the integer it gives back
-    per_rank = _num(row, "decode_batch_size")
-    total = per_rank * decode.workers * decode.plan.dp
+    conc = _clients(row, "decode_batch_size", decode.workers * decode.plan.dp,
+                    f"{decode.workers} decode workers x decode attention-DP {decode.plan.dp}")
+    return prefill, decode, conc, notes
+
+
+def _clients(row: dict, key: str, ranks: int, ranks_text: str) -> int:
+    """Client concurrency C from a per-rank field (`batch_size` = C / attention-DP,
+    `decode_batch_size` = C / (decode workers x decode attention-DP)), which may be a
+    fraction (4,301 clients on 8 ranks: 537.625): C is the whole number it gives back."""
+    per_rank = _num(row, key)
+    total = per_rank * ranks
     conc = round(total)
     if per_rank < 0 or abs(total - conc) > 1e-6 * max(1.0, total):
-        raise RowError(f"decode_batch_size {per_rank:g} x {decode.workers} decode workers x "
-                       f"decode attention-DP {decode.plan.dp} = {total:g} is not a whole "
-                       "number of clients")
-    return prefill, decode, conc, notes
+        raise RowError(f"{key} {per_rank:g} x {ranks_text} = {total:g} is not a whole number "
+                       "of clients")
+    return conc
 
 
 def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
