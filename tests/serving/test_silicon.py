@@ -286,6 +286,11 @@ def test_blackwell_recipes_apply_to_their_system_precision_layout_and_lengths():
     assert cfg.backend.scheduler.token_budget == 20000
     assert cfg.backend.scheduler.max_running_requests == 512
     assert cfg.backend.kv_cache.memory_fraction == 0.85
+    # its vLLM script: --max-num-seqs 512; the same row on H200 keeps vLLM's default
+    vllm = {**gptoss, "backend": "vllm", "backend_version": "0.15.0"}
+    assert row_config(vllm, models, rules)[0].backend.scheduler.max_running_requests == 512
+    h200 = row_config({**vllm, "system": "h200_sxm"}, models, rules)[0]
+    assert h200.backend.scheduler.max_running_requests != 512
     kimi = {**base, "model_path": "moonshotai/Kimi-K2.5", "backend": "vllm",
             "backend_version": "0.24.0", "precision": "int4", "gemm_quant_mode": "int4_wo",
             "moe_quant_mode": "int4_wo", "system": "b300_sxm"}
