@@ -120,24 +120,6 @@ def test_deployment_moves_each_prompt_cache_over_the_joining_tier(decode_tp, tie
     assert r.transfer_s == pytest.approx(expected, rel=0.02)
 
 
-def test_a_full_decode_worker_holds_the_next_request_until_one_finishes():
-    """Closed loop of 2 clients, one decode worker admitting one request: each new
-    request waits for the running one's whole decode, (osl - 1) x TPOT, before its first
-    token (its prefill runs during the wait); with room for both it waits for nothing."""
-    def serve(cap):
-        cfg = ServeConfig(model="meta-llama/Llama-3.1-8B", system="h100_sxm",
-                          backend="trtllm", mode="disagg", pool=Pool(ParallelPlan(tp=1)),
-                          decode_pool=Pool(ParallelPlan(tp=1)),
-                          decode_max_running_requests=cap, isl=512, osl=101,
-                          concurrency=2, num_requests=20)
-        return run_serving(cfg).metrics
-
-    full, room = serve(1), serve(2)
-    decode_ms = 100 * full.tpot_ms["p50"]
-    assert full.ttft_ms["p50"] == pytest.approx(decode_ms, rel=0.02)
-    assert room.ttft_ms["p50"] < 0.1 * decode_ms
-
-
 def test_decode_slots_are_not_capped_by_the_prefill_token_budget():
     """A decode worker's step has one token per running request: 8 slots run 8 requests
     at once although the backend's token budget (the prefill worker's) is 4 tokens."""

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
+from perfcast.core.errors import ConfigError
 from perfcast.serving.silicon import (ModelResolver, RowError, load_rules, read_rows,
                                       row_config, summarize_by_mode, validate_rows)
 from perfcast.workload import ParallelPlan
@@ -190,7 +191,7 @@ def test_disagg_recipe_matches_every_field_of_a_run():
                     dict(decode=Pool(ParallelPlan(tp=8), 2))):
         assert recipe(**changed) == {}, changed
     harness["disagg_recipes"]["space"]["runs"].append([1024, 1024, 9, 1, 3])
-    with pytest.raises(Exception, match="5 fields"):
+    with pytest.raises(ConfigError, match="5 fields"):
         recipe(conc=9)
 
 
