@@ -150,6 +150,29 @@ def test_sglang_conservativeness_reserves_future_decode_tokens():
     assert _sequence(e)[0] == (0, (100, 100), 1)    # off: admission on the prompt alone
 
 
+def test_sglang_reservation_from_the_decode_heap_equals_the_sum_over_running(monkeypatch):
+    # the heap-keyed sum must equal min(remaining, 4096) summed over every running
+    # request outside the batch, at every admission check of a run that queues, chunks,
+    # decodes long outputs (> 4096 tokens left) and preempts
+    checks = []
+    fast = SGLangPolicy._running_clipped_remaining
+
+    def checked(self):
+        got = fast(self)
+        batch = {id(r) for r in self._batch}
+        want = sum(min(self._remaining(r), 4096) for r in self.engine.running.values()
+                   if id(r) not in batch)
+        checks.append((got, want))
+        return got
+
+    monkeypatch.setattr(SGLangPolicy, "_running_clipped_remaining", checked)
+    lengths = [(300 + 37 * i, 5000 if i % 3 == 0 else 150 + 11 * i) for i in range(12)]
+    e, _ = _run(lengths, policy="prefill_first", capacity=9000, admission="incremental",
+                conservativeness=1.0, budget=2048)
+    assert len(checks) > 10 and any(w > 0 for _, w in checks) and e.stats.preemptions
+    assert [g for g, _ in checks] == [w for _, w in checks]
+
+
 def test_sglang_new_token_ratio_decays_resets_and_follows_retraction():
     e = engine(policy="prefill_first", conservativeness=2.0)
     p = e.policy

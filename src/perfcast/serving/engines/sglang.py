@@ -59,11 +59,24 @@ class SGLangPolicy(EnginePolicy):
         """new_token_ratio x clipped remaining output of the requests that were running
         when this batch started to form."""
         if self._running_reserve is None:
-            batch = {id(r) for r in self._batch}
-            self._running_reserve = self.ratio * sum(
-                min(self._remaining(r), CLIP_MAX_NEW_TOKENS)
-                for r in self.engine.running.values() if id(r) not in batch)
+            self._running_reserve = self.ratio * self._running_clipped_remaining()
         return self._running_reserve
+
+    def _running_clipped_remaining(self) -> int:
+        """Sum of min(remaining output, 4096) over the running requests not in this batch.
+        Running = prefilling + decoding; with one token per decode iteration a decoding
+        request's remaining output is its finish counter (the decode heap's key) minus
+        the engine's counter, so the heap is read without a call per request."""
+        e, clip = self.engine, CLIP_MAX_NEW_TOKENS
+        if e.tokens_per_step != 1.0:
+            batch = {id(r) for r in self._batch}
+            return sum(min(self._remaining(r), clip)
+                       for r in e.running.values() if id(r) not in batch)
+        c = e.counter
+        total = sum([min(f - c, clip) if f > c else 0 for f, _, _ in e.decoding])
+        total += sum(min(self._remaining(r), clip) for r in e.prefilling)
+        # the batch's requests are running too (prefilling, or decoding on arrival)
+        return total - sum(min(self._remaining(r), clip) for r in self._batch)
 
     def can_admit(self, r) -> bool:
         if not super().can_admit(r):
