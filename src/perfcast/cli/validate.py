@@ -120,7 +120,9 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
                 progress(done[0], len(rows))
 
         parts = map_tasks(_validate_task, [(a, [rows[j] for j in g]) for g in groups],
-                          "local", n, group_done)
+                          "local", n, group_done,
+                          affinity=[_evidence_key(rows[g[0]]) for g in groups],
+                          weights=[_task_weight(rows, g) for g in groups])
         results = [None] * len(rows)
         for g, part in zip(groups, parts):
             for j, res in zip(g, part):
@@ -145,6 +147,20 @@ def deployment_groups(rows: list[dict]) -> list[list[int]]:
         key = tuple((r.get(k) or "").strip() for k in ("system", "backend", "backend_version"))
         by_key.setdefault(key, []).append(i)
     return disagg + sorted(by_key.values(), key=len, reverse=True)
+
+
+def _evidence_key(row: dict) -> tuple[str, str]:
+    """The evidence a row's task loads (system, backend): tasks that share it run in one
+    process as far as the balance allows, so each process imports fewer tables."""
+    return tuple((row.get(k) or "").strip() for k in ("system", "backend"))
+
+
+def _task_weight(rows: list[dict], group: list[int]) -> float:
+    """A task's expected cost, for the first split of tasks between processes only (the
+    processes then take work from each other): one per agg row, two per disaggregated
+    row (two engines)."""
+    return float(sum(2 if (rows[j].get("mode") or "").strip() == "disagg" else 1
+                     for j in group))
 
 
 # one worker process's inputs, built at its first task and kept for the next ones
