@@ -40,13 +40,12 @@ def map_tasks(fn: Callable, tasks: Sequence, executor: str, workers: int | None 
             results[i] = fn(t)
             done(i)
         return results
-    if executor == "local" and affinity is not None:
-        n = workers or max(1, min(len(tasks), os.cpu_count() or 1))
-        return run_with_affinity(fn, tasks, affinity, weights, n, done)
     if executor == "local":
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         n = workers or max(1, min(len(tasks), os.cpu_count() or 1))
+        if affinity is not None:
+            return run_with_affinity(fn, tasks, affinity, weights, n, done)
         with ProcessPoolExecutor(max_workers=n) as pool:
             futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
             for fut in as_completed(futures):
@@ -135,7 +134,7 @@ def run_with_affinity(fn: Callable, tasks: Sequence, affinity: Sequence,
                         raise RuntimeError(f"a worker process exited with code {dead[0]}") \
                             from None
             if not ok:
-                raise _loaded_error(payload)
+                raise pickle.loads(payload)
             results[i] = pickle.loads(payload)
             done(i)
     finally:
@@ -185,8 +184,3 @@ def _take(me: int, order, bounds, prefix) -> int | None:
     bounds[2 * best + 1] -= 1
     return order[bounds[2 * best + 1]]
 
-
-def _loaded_error(payload: bytes) -> BaseException:
-    import pickle
-
-    return pickle.loads(payload)
