@@ -215,3 +215,87 @@ def test_silicon_rows_use_their_own_backend_version():
     assert old.backend.scheduler.token_budget == new.backend.scheduler.token_budget == 16384
     _, notes = _row("sglang", "glm5-hopper", system="h200_sxm")
     assert any("'glm5-hopper' is not a release number" in n for n in notes)
+
+
+def _sglang_fraction(version: str, system, tp: int, dp: int = 1, **changes) -> float:
+    """SGLang's own mem_fraction_static for a stage of tp x dp GPUs (`changes`: the
+    chunk or CUDA-graph batch a launch sets)."""
+    bk = load_backend("sglang", version, system=system, tp=tp * dp)
+    return bk.kv_cache.reserved_memory.fraction(
+        memory_gib=system.device.memory.capacity_bytes / 2**30,
+        chunk_tokens=changes.get("chunk", bk.scheduler.token_budget),
+        graph_max_batch=changes.get("graph", bk.cuda_graph.max_batch),
+        stage_gpus=tp * dp, pp=1, dp=dp)
+
+
+def test_sglang_derives_its_memory_fraction_per_release():
+    gib = H100.device.memory.capacity_bytes / 2**30
+    assert gib == 80 and H200.device.memory.capacity_bytes / 2**30 == 141
+    # since PR #10975: 512 + 1.5 x 8192 + 2 x 256 + 1 x 1024 / 8 MiB held back
+    assert _sglang_fraction("0.5.9", H100, 1) == round(1 - (512 + 12288 + 512 + 128) / 81920, 3)
+    assert _sglang_fraction("0.5.9", H100, 1) == 0.836
+    # TP 8 captures graphs up to 512 and holds 1024 MiB for the parallel size
+    assert _sglang_fraction("0.5.9", H100, 8) == round(1 - (512 + 12288 + 1024 + 1024) / 81920, 3)
+    # a 16384-token chunk (a launch setting) holds 1.5 MiB more per chunk token
+    assert _sglang_fraction("0.5.9", H100, 1, chunk=16384) == round(
+        1 - (512 + 24576 + 512 + 128) / 81920, 3)
+    # the 10 GiB floor above 60 GiB: a 2048-token chunk and no graphs still hold 10 GiB
+    assert _sglang_fraction("0.5.9", H100, 1, chunk=512, graph=0) == round(1 - 10240 / 81920, 3)
+    # DP attention: + 3 MiB per graph batch per rank, x 1.5 above a 300 batch
+    plain, dp8 = _sglang_fraction("0.5.9", H200, 8), _sglang_fraction("0.5.9", H200, 1, dp=8)
+    assert round((plain - dp8) * 141 * 1024) == pytest.approx(512 * 8 * 3 * 1.5, abs=150)
+    # PR #7054 to #10975: (9.5 + tp x pp / 2) GiB on 35-90 GB, (12 + ...) on H200
+    assert _sglang_fraction("0.5.1.post1", H100, 1) == round(1 - 10.0 / 80, 3) == 0.875
+    assert _sglang_fraction("0.5.1.post1", H100, 8) == round(1 - 13.5 / 80, 3)
+    assert _sglang_fraction("0.5.1.post1", H200, 1) == round(1 - 12.5 / 141, 3)
+    assert _sglang_fraction("0.5.1.post1", H100, 1, dp=2) == round(1 - (10.5 + 4) / 80, 3)
+    # the older rule does not depend on the chunk
+    assert _sglang_fraction("0.5.1.post1", H100, 1, chunk=32768) == 0.875
+    # other engines keep their stated fraction
+    assert load_backend("vllm").kv_cache.reserved_memory is None
+    assert load_backend("trtllm").kv_cache.reserved_memory is None
+
+
+def test_sglang_kv_pool_follows_its_derived_fraction_and_a_launch_fraction_replaces_it():
+    from dataclasses import replace
+
+    from perfcast.evidence.factory import build_resolver
+    from perfcast.serving.deploy import GIB, kv_capacity_tokens, memory_fraction
+    from perfcast.serving.step_cost import StepCostModel
+    from perfcast.workload import ParallelPlan, load_model_spec
+
+    spec = load_model_spec("Qwen/Qwen3-8B")
+    step = StepCostModel(spec, ParallelPlan(tp=1), H100, build_resolver(H100))
+    bk = load_backend("sglang", "0.5.9", system=H100, tp=1)
+    assert memory_fraction(step, bk) == 0.836
+    bigger_chunk = bk.with_scheduler(token_budget=16384)
+    per_token = step.memory_facts().kv_bytes_per_request(2048) / 2048
+    lost = kv_capacity_tokens(step, bk) - kv_capacity_tokens(step, bigger_chunk)
+    assert lost == pytest.approx(1.5 * 8192 * 2**20 / per_token, rel=0.01)
+    # an EAGLE/MTP draft holds 2 GiB more; a launch's fraction ends the derivation
+    assert memory_fraction(step, bk, draft_model=True) == round(
+        1 - (512 + 12288 + 512 + 128 + 2048) / 81920, 3)
+    launched = replace(bk, kv_cache=bk.kv_cache.with_memory_fraction(0.8))
+    assert launched.kv_cache.reserved_memory is None
+    assert memory_fraction(step, launched.with_scheduler(token_budget=32768)) == 0.8
+    weights = step.memory_facts().weights
+    assert kv_capacity_tokens(step, launched) == int((80 * GIB * 0.8 - weights) // per_token)
+    # no room: the message names the engine's own derivation
+    huge = bk.with_scheduler(token_budget=50_000)
+    with pytest.raises(ConfigError, match="the engine's own, from 50000-token chunks"):
+        kv_capacity_tokens(StepCostModel(load_model_spec("Qwen/Qwen3-32B"), ParallelPlan(tp=1),
+                                         H100, build_resolver(H100)), huge)
+
+
+def test_reserved_memory_terms_are_checked(tmp_path):
+    doc = yaml.safe_load(Path(load_backend("sglang").source).read_text())
+    doc["kv_cache"]["reserved_memory"] = {"base_mib": 512, "per_gpu_typo": 3}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(ConfigError, match="known terms"):
+        load_backend(str(path))
+    doc["kv_cache"]["reserved_memory"] = {"base_mib": 512}
+    doc["kv_cache"].pop("reserved_memory_source")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(ConfigError, match="source"):
+        load_backend(str(path))

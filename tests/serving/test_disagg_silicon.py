@@ -24,6 +24,7 @@ WIDE = "dsr1_h100_trtllm_fp8_disagg_1024x1024_c9_cfg494"
 NO_COUNTS = ("2026_03_25_deepseek_r1_h100_sxm_sglang_fp8_disagg_1024x8192_c16_tp16_0_ep1_0_695",
              "2026_03_25_deepseek_r1_h200_sxm_trtllm_fp8_disagg_1024x1024_c288_tp8_0_ep8_0_353")
 BELOW_BOUND = "qwen3_32b_qwen3_32b_h100_sxm_vllm_disagg_4000x1000_c_tp_epnone_2"
+SGLANG_DEP = "dsr1_h200_sglang_fp8_disagg_8192x1024_c128_cfg434"
 
 
 def _config(row_id: str):
@@ -202,7 +203,14 @@ def test_every_shipped_disagg_run_is_well_formed_and_unique():
     for name, entry in spaces.items():
         assert entry["source"] and entry["models"] and entry["systems"], name
         keys = set()
-        for run in entry["runs"]:
+        for launch in entry.get("launches") or ():
+            from perfcast.serving.silicon import LAUNCH_KEYS
+            assert set(launch) == set(LAUNCH_KEYS) and launch["recipe"], (name, launch)
+            assert set(launch["decode"]) <= {"scheduler", "kv_cache", "cuda_graph"}
+            assert set(launch["decode"].get("scheduler", {})) <= {"max_running_requests"}
+            assert set(launch["prefill"]) <= {"scheduler", "kv_cache"}
+        assert entry.get("runs") or entry.get("launches"), name
+        for run in entry.get("runs") or ():
             assert len(run) == len(DISAGG_RUN_FIELDS), (name, run)
             r = dict(zip(DISAGG_RUN_FIELDS, run))
             assert r["decode_max_batch_size"] >= 1 and r["recipe"]
@@ -210,3 +218,42 @@ def test_every_shipped_disagg_run_is_well_formed_and_unique():
                    r["decode_workers"], r["decode_attention_dp"])
             assert key not in keys, (name, key)   # one run per deployment
             keys.add(key)
+
+
+def test_sglang_disagg_row_runs_each_role_with_its_launch_arguments():
+    """InferenceX dsr1-fp8-h200-dynamo-sglang, recipe bs128-1p1d-dep: the prefill worker
+    with --mem-fraction-static 0.75, 16 running requests and 163,840-token chunks; the
+    decode worker (DP attention 8) with 0.88, CUDA graphs to 256 and 256 running
+    requests, 32 per DP rank."""
+    cfg, notes = _config(SGLANG_DEP)
+    assert cfg.concurrency == 128
+    prefill, decode = cfg.backend, cfg.decode_backend
+    assert (prefill.kv_cache.memory_fraction, prefill.kv_cache.reserved_memory) == (0.75, None)
+    assert (prefill.scheduler.max_running_requests, prefill.scheduler.token_budget) == (16, 163840)
+    assert (decode.kv_cache.memory_fraction, decode.kv_cache.reserved_memory) == (0.88, None)
+    assert decode.cuda_graph.max_batch == 256 and cfg.decode_max_running_requests == 32
+    # the prefill launch's chunk does not reach the decode engine
+    assert decode.scheduler.token_budget == 16384
+    assert any("bs128-1p1d-dep.yaml" in n and "decode memory_fraction 0.88" in n for n in notes)
+    # another client concurrency or layout is not this launch: SGLang's own fraction
+    rules = load_rules()
+    for change in ({"decode_batch_size": "4.0"},
+                   {"decode_attention_dp_size": "4.0", "decode_moe_ep_size": "4.0"}):
+        other, _ = row_config({**ROWS[SGLANG_DEP], **change}, ModelResolver(None, rules), rules)
+        assert other.decode_backend is None and other.backend.kv_cache.reserved_memory
+
+
+def test_decode_workers_run_the_decode_backend():
+    from dataclasses import replace
+
+    from perfcast.serving.deploy import run_serving
+    cfg, _ = _config(SGLANG_DEP)
+    cfg = replace(cfg, num_requests=16, concurrency=8)
+    starved = replace(cfg.decode_backend,
+                      kv_cache=cfg.decode_backend.kv_cache.with_memory_fraction(0.5))
+    with pytest.raises(ConfigError, match="memory fraction 0.5"):
+        run_serving(replace(cfg, decode_backend=starved))
+    # and the prefill workers run `backend`
+    with pytest.raises(ConfigError, match="memory fraction 0.5"):
+        run_serving(replace(cfg, backend=replace(cfg.backend, kv_cache=starved.kv_cache)))
+    assert run_serving(cfg).metrics.completed_requests == 16

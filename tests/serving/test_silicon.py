@@ -454,3 +454,27 @@ def test_a_fractional_agg_batch_size_gives_back_the_whole_concurrency():
     assert cfg.concurrency == 100
     with pytest.raises(RowError, match="not a whole number of clients"):
         row_config({**row, "batch_size": "12.4"}, models, rules)
+
+
+def test_sglang_rows_keep_the_launch_fraction_else_the_engine_derives_it():
+    rules = load_rules()
+    models = ModelResolver(None, rules)
+    # InferenceX dsr1_fp8_h200.sh passes --mem-fraction-static 0.82
+    cfg, _ = row_config(deepseek_r1_agg_row(system="h200_sxm", backend="sglang",
+                                            backend_version="0.5.9", batch_size="64"),
+                        models, rules)
+    assert cfg.backend.kv_cache.memory_fraction == 0.82
+    assert cfg.backend.kv_cache.reserved_memory is None
+    # no launch fraction: SGLang's own, from the harness's chunk (16384)
+    row = {"id": "x", "model_path": "Qwen/Qwen3-32B", "system": "h100_sxm",
+           "backend": "sglang", "backend_version": "0.5.9", "precision": "bf16",
+           "mode": "agg", "isl": "1024", "osl": "128", "gemm_quant_mode": "bf16",
+           "moe_quant_mode": "", "batch_size": "16", "pp_size": "1", "tp_size": "2",
+           "attention_dp_size": "1", "moe_tp_size": "", "moe_ep_size": "",
+           "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
+    cfg, _ = row_config(row, models, rules)
+    kv = cfg.backend.kv_cache
+    assert cfg.backend.scheduler.token_budget == 16384 and kv.reserved_memory is not None
+    assert kv.reserved_memory.fraction(
+        memory_gib=80, chunk_tokens=16384, graph_max_batch=cfg.backend.cuda_graph.max_batch,
+        stage_gpus=2, pp=1, dp=1) == round(1 - (512 + 24576 + 512 + 256) / 81920, 3)

@@ -95,6 +95,53 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ReservedMemory:
+    """An engine that derives its memory fraction from the memory it holds back for
+    activations and CUDA graphs (SGLang's mem_fraction_static when not given):
+    fraction = round((device MiB - reserved MiB) / device MiB, 3) with reserved MiB =
+    base + per_chunk_token x max(chunk, min_chunk_tokens) + per_cuda_graph_batch x
+    graph max batch + per_parallel_gpu x GPUs of a stage x PP; with attention DP
+    + attention_dp + attention_dp_per_graph_batch_rank x graph max batch x DP ranks
+    (x (1 + attention_dp_large_factor) above attention_dp_large_graph_batch); at least
+    floor on devices above floor_above_gib; + speculative with a draft model."""
+
+    base_mib: float = 0.0
+    per_chunk_token_mib: float = 0.0
+    min_chunk_tokens: int = 0
+    per_cuda_graph_batch_mib: float = 0.0
+    per_parallel_gpu_mib: float = 0.0
+    attention_dp_mib: float = 0.0
+    attention_dp_per_graph_batch_rank_mib: float = 0.0
+    attention_dp_large_graph_batch: int = 0
+    attention_dp_large_factor: float = 0.0
+    floor_mib: float = 0.0
+    floor_above_gib: float = 0.0
+    speculative_mib: float = 0.0
+
+    def reserved_mib(self, *, memory_gib: float, chunk_tokens: int, graph_max_batch: int,
+                     stage_gpus: int, pp: int, dp: int, speculative: bool = False) -> float:
+        mib = (self.base_mib + self.per_chunk_token_mib * max(chunk_tokens, self.min_chunk_tokens)
+               + self.per_cuda_graph_batch_mib * graph_max_batch
+               + self.per_parallel_gpu_mib * stage_gpus * pp)
+        if dp > 1:
+            per_rank = self.attention_dp_per_graph_batch_rank_mib * graph_max_batch * dp
+            if self.attention_dp_large_graph_batch and graph_max_batch > self.attention_dp_large_graph_batch:
+                per_rank *= 1 + self.attention_dp_large_factor
+            mib += self.attention_dp_mib + per_rank
+        if memory_gib > self.floor_above_gib:
+            mib = max(mib, self.floor_mib)
+        return mib + (self.speculative_mib if speculative else 0.0)
+
+    def fraction(self, *, memory_gib: float, **facts) -> float:
+        device_mib = memory_gib * 1024
+        return round((device_mib - self.reserved_mib(memory_gib=memory_gib, **facts))
+                     / device_mib, 3)
+
+
+RESERVED_MEMORY_FIELDS = tuple(f for f in ReservedMemory.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
 class KVCacheConfig:
     admission: Admission = Admission.INCREMENTAL
     block_tokens: int = 16
@@ -102,12 +149,19 @@ class KVCacheConfig:
     fraction_of: str = "total"          # total | free_after_weights
     activation_reserve_gib: float = 0.0
     sampler_profile_bytes_per_logit: float = 0.0  # x max running requests x vocab
+    # the engine derives its fraction from this (None: memory_fraction as given); a
+    # launch setting of the fraction replaces it (`with_memory_fraction`)
+    reserved_memory: ReservedMemory | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "admission", _enum(Admission, self.admission, "admission"))
         if self.fraction_of not in ("total", "free_after_weights"):
             raise ConfigError(f"unknown value {self.fraction_of!r}", field="fraction_of",
                               expected="total | free_after_weights")
+
+    def with_memory_fraction(self, fraction: float) -> KVCacheConfig:
+        """A fraction set at launch: the engine's own derivation no longer applies."""
+        return replace(self, memory_fraction=float(fraction), reserved_memory=None)
 
 
 @dataclass(frozen=True)
@@ -189,8 +243,9 @@ def load_backend(name_or_path: str, version: str = "", *, system=None,
     """A built-in backend name (vllm, sglang, trtllm) or a YAML file of the same layout,
     with the defaults of engine release `version` (its range, or the nearest one with a
     note) for a deployment on `system` (a `hardware.System`; its device memory and name
-    select `when` entries) laid out with `tp` x `pp`. Facts not given match no
-    condition that needs them."""
+    select `when` entries) laid out with `tp` x `pp`; `tp` counts every GPU of a
+    pipeline stage, attention-DP ranks included (SGLang's tp_size). Facts not given
+    match no condition that needs them."""
     path = Path(name_or_path)
     if not path.is_file():
         folder = Path(str(resources.files("perfcast.serving").joinpath("backends")))
@@ -419,6 +474,21 @@ def _override(merged: dict, entry: dict) -> None:
         merged[key].update(entry.get(key) or {})
 
 
+def _reserved_memory(value: object, source: str) -> ReservedMemory | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - set(RESERVED_MEMORY_FIELDS):
+        raise ConfigError("is not a mapping of known terms", source=source,
+                          field="kv_cache.reserved_memory",
+                          expected=" | ".join(RESERVED_MEMORY_FIELDS))
+    counts = ("min_chunk_tokens", "attention_dp_large_graph_batch")
+    try:
+        return ReservedMemory(**{k: int(v) if k in counts else float(v)
+                                 for k, v in value.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc), source=source, field="kv_cache.reserved_memory") from None
+
+
 def _section(doc: dict, key: str, source: str) -> dict:
     value = doc.get(key)
     if not isinstance(value, dict):
@@ -426,7 +496,7 @@ def _section(doc: dict, key: str, source: str) -> dict:
     for field, item in value.items():
         if field.endswith("_source") or field == "value_source":
             continue
-        if isinstance(item, (int, float, list)) and not isinstance(item, bool):
+        if isinstance(item, (int, float, list, dict)) and not isinstance(item, bool):
             if f"{field}_source" not in value and not _sourced_by_prefix(field, value):
                 raise ConfigError("has no source line", source=source, field=f"{key}.{field}",
                                   expected=f"a '{field}_source' entry naming where it comes from")
@@ -468,7 +538,8 @@ def _parse(doc: object, source: str) -> BackendDefaults:
                 fraction_of=str(kv.get("fraction_of", "total")),
                 activation_reserve_gib=float(kv.get("activation_reserve_gib", 0.0)),
                 sampler_profile_bytes_per_logit=float(
-                    kv.get("sampler_profile_bytes_per_logit", 0.0))),
+                    kv.get("sampler_profile_bytes_per_logit", 0.0)),
+                reserved_memory=_reserved_memory(kv.get("reserved_memory"), source)),
             cuda_graph=CudaGraphConfig(
                 decode_only=bool(cg["decode_only"]), max_batch=int(cg["max_batch"]),
                 capture_sizes=tuple(sorted(int(x) for x in cg["capture_sizes"]))),

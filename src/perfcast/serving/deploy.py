@@ -17,7 +17,7 @@ from perfcast.serving.requests import (BlockLRU, Client, ClosedLoopClient, Decla
                                       LengthDistribution, OpenLoopClient, TraceClient,
                                       TraceRequest)
 from perfcast.serving.simulator import SimulationResult, simulate
-from perfcast.serving.speculative import SpeculativeConfig, speculative_step
+from perfcast.serving.speculative import SpeculativeConfig, SpeculativeMethod, speculative_step
 from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
 from perfcast.workload.stacks import resolve_stack
@@ -50,6 +50,9 @@ class ServeConfig:
     # disagg: running requests per decode worker (per attention-DP rank), e.g. TRT-LLM's
     # decode max_batch_size; None: the backend's max_running_requests, as the prefill pool
     decode_max_running_requests: int | None = None
+    # disagg: the decode workers' engine settings where their launch differs from the
+    # prefill workers' (memory fraction, CUDA-graph batch, ...); None: `backend`'s
+    decode_backend: BackendDefaults | None = None
     isl: int = 1024
     osl: int = 128
     range_ratio: float = 1.0
@@ -120,8 +123,25 @@ def sampler_reserve_bytes(step: StepCostModel, backend: BackendDefaults) -> floa
     return per_logit * backend.scheduler.max_running_requests * step.model.vocab_size
 
 
+def memory_fraction(step: StepCostModel, backend: BackendDefaults,
+                    draft_model: bool = False) -> float:
+    """The share of device memory the engine gives weights and KV cache: the backend
+    file's (or launch setting's) fraction, or the engine's own derivation from its
+    chunk size, CUDA-graph batch and layout (`ReservedMemory`). `draft_model`: a
+    speculative draft model or MTP layers are loaded."""
+    kv = backend.kv_cache
+    if kv.reserved_memory is None:
+        return kv.memory_fraction
+    plan = step.plan
+    return kv.reserved_memory.fraction(
+        memory_gib=step.system.device.memory.capacity_bytes / GIB,
+        chunk_tokens=backend.scheduler.token_budget,
+        graph_max_batch=backend.cuda_graph.max_batch,
+        stage_gpus=plan.tp * plan.dp, pp=plan.pp, dp=plan.dp, speculative=draft_model)
+
+
 def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
-                       context_hint: int = 2048) -> int:
+                       context_hint: int = 2048, draft_model: bool = False) -> int:
     """KV tokens one engine holds over all its attention-DP ranks: device memory x
     fraction - weights - reserve, divided by the KV bytes per token on the most loaded
     device (at `context_hint` tokens per request, for sliding-window layers)."""
@@ -129,16 +149,20 @@ def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
     weights = memory.weights
     per_token = memory.kv_bytes_per_request(context_hint) / context_hint
     kv = backend.kv_cache
+    fraction = memory_fraction(step, backend, draft_model)
     total = step.system.device.memory.capacity_bytes
     reserve = kv.activation_reserve_gib * GIB + sampler_reserve_bytes(step, backend)
     if kv.fraction_of == "free_after_weights":
-        free = (total - weights) * kv.memory_fraction - reserve
+        free = (total - weights) * fraction - reserve
     else:
-        free = total * kv.memory_fraction - weights - reserve
+        free = total * fraction - weights - reserve
     if free <= 0 or per_token <= 0:
         raise ConfigError(
             f"weights take {weights / GIB:.1f} GiB of {total / GIB:.0f} GiB per device: no room "
-            f"for a KV cache under {backend.name}'s memory fraction {kv.memory_fraction}",
+            f"for a KV cache under {backend.name}'s memory fraction {fraction}"
+            + (f" (the engine's own, from {backend.scheduler.token_budget}-token chunks and "
+               f"CUDA graphs up to batch {backend.cuda_graph.max_batch})"
+               if kv.reserved_memory is not None else ""),
             field="tp_size/pp_size", expected="more devices per replica or a smaller dtype")
     return int(free // per_token) * memory.dp_ranks
 
@@ -182,7 +206,8 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(
-        cfg.backend, cfg.backend_version, system=system, tp=cfg.pool.plan.tp, pp=cfg.pool.plan.pp)
+        cfg.backend, cfg.backend_version, system=system, tp=cfg.pool.plan.tp * cfg.pool.plan.dp,
+        pp=cfg.pool.plan.pp)
     context = evidence_context or CostQueryContext(runtime=backend.name,
                                                    runtime_revision=cfg.backend_version)
     lengths = LengthDistribution(cfg.isl, cfg.osl, cfg.range_ratio)
@@ -204,14 +229,17 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                                 warmup_requests=cfg.warmup_requests, seed=cfg.seed)
 
     def engines(pool: Pool, role: str) -> tuple[list[Engine], StepCostModel]:
-        step = speculative_step(cache.get(model, pool.plan, system, backend, cfg.precision,
+        bk = cfg.decode_backend if role == "decode" and cfg.decode_backend else backend
+        step = speculative_step(cache.get(model, pool.plan, system, bk, cfg.precision,
                                           evidence, context, cfg.interpolate, cfg.stack),
                                 cfg.speculative)
-        capacity = kv_capacity_tokens(step, backend, context_hint=cfg.isl + cfg.osl)
+        capacity = kv_capacity_tokens(step, bk, context_hint=cfg.isl + cfg.osl,
+                                      draft_model=cfg.speculative is not None
+                                      and cfg.speculative.method != SpeculativeMethod.NGRAM)
         # attention-DP ranks step together (one engine); each rank has its own budget,
         # request limit and KV cache, so the engine's limits scale with dp
         dp = pool.plan.dp
-        sched = backend.scheduler
+        sched = bk.scheduler
         if role == "decode" and cfg.decode_max_running_requests is not None:
             # a decode worker's step has one token per running request: its budget (the
             # recipes' decode max_num_tokens) is the prefill pool's or its slots, the larger
@@ -228,9 +256,9 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                 raise ConfigError("speculative decoding with pipeline parallelism is not "
                                   "modelled", field="--speculative", expected="--pp-size 1")
             return [e for i in range(pool.workers) for e in virtual_engines(
-                f"{role}{i}", step, sched, backend.kv_cache, capacity, role=role,
+                f"{role}{i}", step, sched, bk.kv_cache, capacity, role=role,
                 record_trace=cfg.record_trace, explain=cfg.explain)], step
-        return [Engine(f"{role}{i}", step, sched, backend.kv_cache, capacity,
+        return [Engine(f"{role}{i}", step, sched, bk.kv_cache, capacity,
                        role=role, record_trace=cfg.record_trace, explain=cfg.explain)
                 for i in range(pool.workers)], step
 

@@ -24,7 +24,7 @@ import yaml
 
 from perfcast.core.errors import ConfigError, PerfcastError
 from perfcast.hardware import System, load_system
-from perfcast.serving.backends import load_backend
+from perfcast.serving.backends import BackendDefaults, load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
 from perfcast.serving.step_cost import stack_options
 from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
@@ -307,7 +307,8 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         raise RowError("concurrency is zero")
     lead = decode_pool or pool   # the pool whose steps set TPOT
     try:
-        backend = load_backend(name, version, system=system, tp=lead.plan.tp, pp=lead.plan.pp)
+        backend = load_backend(name, version, system=system, tp=lead.plan.tp * lead.plan.dp,
+                               pp=lead.plan.pp)
     except ConfigError as exc:
         raise RowError(str(exc)) from None
     if overheads and name in overheads:
@@ -349,24 +350,47 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     settings = {**recipe.get("scheduler", {}), **recipe.get("kv_cache", {})}
     if decode_slots is not None:
         settings["decode max_batch_size"] = decode_slots
-    sched_changes.update(recipe.get("scheduler", {}))
-    if recipe.get("kv_cache"):
-        backend = replace(backend, kv_cache=replace(backend.kv_cache, **recipe["kv_cache"]))
+    for section in ("kv_cache", "cuda_graph"):
+        for key, value in (recipe.get("decode", {}).get(section) or {}).items():
+            settings[f"decode {key}"] = value
     if settings:
         listed = ", ".join(f"{k} {v}" for k, v in settings.items())
         notes.append(f"harness recipe: {listed} ({recipe['source']})")
-    backend = backend.with_scheduler(**sched_changes)
-    if harness.get("cuda_graph_covers_concurrency") and backend.cuda_graph.max_batch < per_engine:
-        sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {per_engine}))
-        backend = replace(backend, cuda_graph=replace(backend.cuda_graph, max_batch=per_engine,
-                                                      capture_sizes=sizes))
+    harnessed = backend.with_scheduler(**sched_changes)
+    backend = launch_settings(harnessed, recipe)
+    # disagg: decode workers launched with their own settings run their own engine
+    decode_backend = launch_settings(harnessed, recipe["decode"]) if "decode" in recipe else None
+    if harness.get("cuda_graph_covers_concurrency"):
+        backend = graphs_up_to(backend, per_engine)
+        decode_backend = decode_backend and graphs_up_to(decode_backend, per_engine)
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
-                      decode_max_running_requests=decode_slots,
+                      decode_max_running_requests=decode_slots, decode_backend=decode_backend,
                       isl=isl, osl=osl, range_ratio=float(harness.get("range_ratio", 1.0)),
                       concurrency=conc,
                       num_requests=int(harness.get("prompts_per_concurrency", 10)) * conc)
     return cfg, notes
+
+
+def launch_settings(backend: BackendDefaults, settings: dict) -> BackendDefaults:
+    """`backend` with a launch's `scheduler`, `kv_cache` and `cuda_graph` settings; a
+    memory fraction set at launch ends the engine's own derivation."""
+    kv_changes = dict(settings.get("kv_cache") or {})
+    kv = backend.kv_cache
+    if "memory_fraction" in kv_changes:
+        kv = kv.with_memory_fraction(kv_changes.pop("memory_fraction"))
+    out = replace(backend, kv_cache=replace(kv, **kv_changes),
+                  cuda_graph=replace(backend.cuda_graph, **(settings.get("cuda_graph") or {})))
+    return out.with_scheduler(**(settings.get("scheduler") or {}))
+
+
+def graphs_up_to(backend: BackendDefaults, requests: int) -> BackendDefaults:
+    """The harness captures CUDA graphs up to the requests one engine runs."""
+    if backend.cuda_graph.max_batch >= requests:
+        return backend
+    sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {requests}))
+    return replace(backend, cuda_graph=replace(backend.cuda_graph, max_batch=requests,
+                                               capture_sizes=sizes))
 
 
 RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
@@ -427,12 +451,17 @@ def disagg_recipe(harness: dict, model_id: str, backend: str, system: str, preci
     decode workers' `max_batch_size` per rank (`decode_max_batch_size`) and, where
     every version of the recipe agrees, the prefill worker's `max_batch_size` and
     `max_num_tokens` per rank (the scheduler's `max_running_requests` and
-    `token_budget`). An empty dict when no run matches."""
+    `token_budget`). A space may instead list `launches` (`launch_recipe`). An empty
+    dict when no run matches."""
     for space, entry in (harness.get("disagg_recipes") or {}).items():
         if (model_id not in entry["models"] or backend != entry["backend"]
                 or system not in entry["systems"] or precision not in entry["precision"]):
             continue
-        for run in entry["runs"]:
+        for launch in entry.get("launches") or ():
+            found = launch_recipe(launch, entry["source"], lengths, concurrency, prefill, decode)
+            if found:
+                return found
+        for run in entry.get("runs") or ():
             if len(run) != len(DISAGG_RUN_FIELDS):
                 raise ConfigError(f"disagg_recipes[{space!r}]: a run has {len(run)} fields, "
                                   f"expected {len(DISAGG_RUN_FIELDS)} "
@@ -450,6 +479,42 @@ def disagg_recipe(harness: dict, model_id: str, backend: str, system: str, preci
                                     "token_budget": int(r["prefill_max_num_tokens"])}
             return out
     return {}
+
+
+LAUNCH_KEYS = ("lengths", "concurrencies", "prefill_workers", "decode_workers",
+               "prefill_plan", "decode_plan", "prefill", "decode", "recipe")
+
+
+def launch_recipe(launch: dict, source: str, lengths: tuple[int, int], concurrency: int,
+                  prefill: Pool, decode: Pool) -> dict:
+    """One multi-node launch of `disagg_recipes` given by its roles' engine arguments
+    (an SGLang recipe's prefill and decode `args`): it matches a row whose lengths,
+    client concurrency (one of `concurrencies`), worker counts and both pools' layouts
+    (`{tp, dp}` each) are its own. `prefill` settings (scheduler, kv_cache) apply to the
+    prefill workers; `decode` settings (kv_cache, cuda_graph) run the decode workers'
+    own engine, with `max_running_requests` per attention-DP rank."""
+    if set(launch) != set(LAUNCH_KEYS):
+        raise ConfigError(f"disagg_recipes launch {launch.get('recipe')!r} has keys "
+                          f"{sorted(launch)}, expected {sorted(LAUNCH_KEYS)}")
+    if ((tuple(launch["lengths"]) != tuple(lengths)
+            or concurrency not in launch["concurrencies"]
+            or launch["prefill_workers"] != prefill.workers
+            or launch["decode_workers"] != decode.workers)):
+        return {}
+    for pool, plan in ((prefill, launch["prefill_plan"]), (decode, launch["decode_plan"])):
+        if (pool.plan.tp, pool.plan.dp) != (int(plan["tp"]), int(plan["dp"])):
+            return {}
+    out = {**launch["prefill"], "source": f"{source}; recipe {launch['recipe']}"}
+    decode_settings = dict(launch["decode"])
+    scheduler = dict(decode_settings.pop("scheduler", {}))
+    if "max_running_requests" in scheduler:
+        out["decode_max_batch_size"] = int(scheduler.pop("max_running_requests"))
+    if scheduler:
+        raise ConfigError(f"disagg_recipes launch {launch['recipe']!r}: decode scheduler "
+                          f"settings {sorted(scheduler)} are not modelled",
+                          expected="max_running_requests only")
+    out["decode"] = decode_settings
+    return out
 
 
 def closed_loop_in_decode(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
