@@ -39,6 +39,17 @@ def test_serve_disagg_and_open_loop_run():
     assert res.exit_code == 0, res.output
     m = json.loads(res.stdout)
     assert m["completed_requests"] == 30 and m["num_gpus"] == 3
+    # SGLang's own fraction on the default H100 (0.5.3+, TP 1, 8,192-token chunks), for
+    # both roles; capacity is one replica's, so one decode worker of two counts
+    kv = m["inputs"]["kv_cache"]
+    assert set(kv) == {"prefill", "decode"}
+    for role in kv.values():
+        assert role["memory_fraction"] == 0.836 and role["fraction_from"] == "engine"
+        assert role["capacity_tokens"] > 0
+    assert kv["prefill"]["capacity_tokens"] == kv["decode"]["capacity_tokens"]
+    res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--concurrency", "2", "--isl",
+                                   "128", "--osl", "8", "--format", "json"])
+    assert json.loads(res.stdout)["inputs"]["kv_cache"]["agg"]["fraction_from"] == "setting"
 
 
 def test_decode_slots_move_the_decode_wait_into_ttft():

@@ -314,6 +314,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
                    "warmup_requests": a.warmup_requests, "seed": a.seed},
         "trace": trace.summary() if trace else None,
         "prefix_cache": prefix_cache_inputs(a.prefix_cache_hit_rate, trace, result),
+        "kv_cache": kv_cache_inputs(result.engines, bk, spec_cfg),
         "interpolate": not a.exact,
         "speculative": speculative_json(spec_cfg),
         "stack": stack_json(a.stack, op_stack),
@@ -489,6 +490,26 @@ def prefix_cache_inputs(hit_rate: float | None, trace, result) -> dict:
                 "block_tokens": trace.block_tokens,
                 "capacity_blocks": replica_kv_tokens(result.engines) // trace.block_tokens}
     return {"source": "none", "hit_rate": None, "block_tokens": None, "capacity_blocks": None}
+
+
+def kv_cache_inputs(engines, backend, speculative) -> dict:
+    """Per engine role: the memory fraction it ran with (`engine`: the engine's own
+    derivation from its chunk size, CUDA-graph batch and layout; `setting`: the backend
+    file's or a launch's) and the KV tokens one replica holds."""
+    from perfcast.serving.deploy import memory_fraction
+    from perfcast.serving.speculative import SpeculativeMethod
+
+    draft = speculative is not None and speculative.method != SpeculativeMethod.NGRAM
+    out: dict = {}
+    for e in engines:
+        role = str(e.role.value)
+        if role not in out:
+            out[role] = {"memory_fraction": memory_fraction(e.cost, backend, draft),
+                         "fraction_from": ("engine" if backend.kv_cache.reserved_memory
+                                           is not None else "setting"),
+                         "capacity_tokens": sum(x.capacity for x in engines
+                                                if x.replica is e.replica)}
+    return out
 
 
 def _layout(plan, workers: int, decode_pool) -> dict:
