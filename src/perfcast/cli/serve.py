@@ -241,7 +241,8 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
     op_stack = resolve_stack(a.stack, system.device.vendor)
-    bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.tp * plan.dp, pp=plan.pp)
+    bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.tp * plan.dp,
+                      pp=plan.pp)
     if bk.version_note and a.backend_version:   # a version given but not matched
         note(f"note: {bk.version_note}")
     bk = bk.with_overheads(**backend_overheads(revision, bk.name)).with_scheduler(

@@ -120,12 +120,14 @@ class ReservedMemory:
 
     def reserved_mib(self, *, memory_gib: float, chunk_tokens: int, graph_max_batch: int,
                      stage_gpus: int, pp: int, dp: int, speculative: bool = False) -> float:
-        mib = (self.base_mib + self.per_chunk_token_mib * max(chunk_tokens, self.min_chunk_tokens)
+        chunk = max(chunk_tokens, self.min_chunk_tokens)
+        mib = (self.base_mib + self.per_chunk_token_mib * chunk
                + self.per_cuda_graph_batch_mib * graph_max_batch
                + self.per_parallel_gpu_mib * stage_gpus * pp)
         if dp > 1:
             per_rank = self.attention_dp_per_graph_batch_rank_mib * graph_max_batch * dp
-            if self.attention_dp_large_graph_batch and graph_max_batch > self.attention_dp_large_graph_batch:
+            large = self.attention_dp_large_graph_batch
+            if large and graph_max_batch > large:
                 per_rank *= 1 + self.attention_dp_large_factor
             mib += self.attention_dp_mib + per_rank
         if memory_gib > self.floor_above_gib:
