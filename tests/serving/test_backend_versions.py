@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from perfcast.cli.main import app
@@ -299,3 +301,28 @@ def test_reserved_memory_terms_are_checked(tmp_path):
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(ConfigError, match="source"):
         load_backend(str(path))
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunk=st.integers(1, 65536), graphs=st.integers(0, 1024),
+       gpus=st.sampled_from([1, 2, 4, 8]), dp=st.sampled_from([1, 2, 4, 8]), version=st.sampled_from(["0.5.1.post1", "0.5.9"]),
+       system=st.sampled_from([H100, H200]))
+def test_sglang_fraction_never_rises_with_what_the_engine_holds_back(chunk, graphs, gpus, dp,
+                                                                     version, system):
+    """More chunk tokens, a larger CUDA-graph batch, more GPUs per stage or a draft model
+    never leave the engine a larger share of memory, which stays below 1 (it may reach
+    0 or less: SGLang's rule then leaves no room, and kv_capacity_tokens says so)."""
+    rule = load_backend("sglang", version, system=system, tp=gpus).kv_cache.reserved_memory
+    gib = system.device.memory.capacity_bytes / 2**30
+
+    def frac(**changes):
+        facts = dict(memory_gib=gib, chunk_tokens=chunk, graph_max_batch=graphs,
+                     stage_gpus=gpus, pp=1, dp=min(dp, gpus))
+        return rule.fraction(**{**facts, **changes})
+
+    base = frac()
+    assert base < 1
+    assert frac(chunk_tokens=chunk * 2) <= base
+    assert frac(graph_max_batch=graphs + 64) <= base
+    assert frac(stage_gpus=gpus * 2) <= base
+    assert frac(speculative=True) <= base
