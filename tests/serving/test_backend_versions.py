@@ -326,3 +326,15 @@ def test_sglang_fraction_never_rises_with_what_the_engine_holds_back(chunk, grap
     assert frac(graph_max_batch=graphs + 64) <= base
     assert frac(stage_gpus=gpus * 2) <= base
     assert frac(speculative=True) <= base
+
+
+def test_sglang_graph_batch_follows_every_memory_tier():
+    """PR #10372's chain: 8 below 20 GB, 24 / 80 (TP < 4 / >= 4) below 35 GB, 32 / 160
+    below 60 GB, 256 / 512 below 160 GB, 512 above."""
+    cases = {("b200_sxm", 1): 512, ("gb300", 8): 512, ("b60", 1): 24, ("b60", 4): 80,
+             ("l40s", 1): 32, ("l40s", 8): 160, ("h100_sxm", 2): 256, ("h200_sxm", 4): 512}
+    for (name, tp), batch in cases.items():
+        bk = load_backend("sglang", "0.5.9", system=load_system(name), tp=tp)
+        assert bk.cuda_graph.max_batch == batch, (name, tp)
+    b200 = load_backend("sglang", "0.5.9", system=load_system("b200_sxm"))
+    assert b200.scheduler.token_budget == 16384
