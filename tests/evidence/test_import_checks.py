@@ -69,6 +69,21 @@ def test_device_names_map_to_catalog_models():
     assert device_systems("NVIDIA GB200") == {"gb200"}
     assert device_systems("NVIDIA A100-SXM4-80GB") == {"a100_sxm"}
     assert device_systems("some lab box") == set()
+    # one model as an SXM and a PCIe part: nvidia-smi's name says which
+    assert device_systems("NVIDIA H100 PCIe") == {"h100_pcie"}
+    assert device_systems("NVIDIA A100 80GB PCIe") == {"a100_pcie"}
+    assert device_systems("NVIDIA H100") == {"h100_sxm"}
+
+
+def test_a_table_of_the_other_form_factor_is_refused():
+    from perfcast.evidence.importers.common import check_device_column
+    check_device_column(pa.array(["NVIDIA H100 80GB HBM3"]), hardware="h100_sxm", source="t")
+    check_device_column(pa.array(["NVIDIA H100 PCIe"]), hardware="h100_pcie", source="t")
+    with pytest.raises(ConfigError, match=r"h100_sxm\), not h100_pcie"):
+        check_device_column(pa.array(["NVIDIA H100 80GB HBM3"]), hardware="h100_pcie",
+                            source="t")
+    # a part the catalog has in one form is judged by its model
+    check_device_column(pa.array(["NVIDIA L40S"]), hardware="l40s", source="t")
 
 
 def test_system_ids_are_checked_and_canonical():

@@ -6,7 +6,8 @@ from perfcast.hardware import available_devices, load_system
 
 REQUIRED = {"a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "gb200", "l40s", "mi300x",
             "atlas_800_a2_376t_64g", "atlas_800_a3_752t_128g_die",
-            "b300_sxm", "gb300", "rtx_pro_6000_server", "b60"}
+            "b300_sxm", "gb300", "rtx_pro_6000_server", "b60", "h100_pcie", "a100_pcie",
+            "a30", "l4"}
 
 
 def test_catalog_has_required_devices():
@@ -22,7 +23,7 @@ def test_every_device_loads_with_sane_values(name):
     assert bf16 and 5e13 < bf16 < 1e16      # the Intel B60 (98.3 TFLOPS) is the smallest
     assert dev.engine("vector").peak_for("fp32") > 1e12
     assert 16 * 2**30 <= dev.memory.capacity_bytes <= 512 * 2**30
-    assert 2e11 < dev.memory.bw_bytes_per_s < 2e13   # B60 GDDR6 456 GB/s .. B300-class HBM3e
+    assert 2e11 < dev.memory.bw_bytes_per_s < 2e13   # L4 GDDR6 300 GB/s .. B300-class HBM3e
     assert s.tiers and s.tiers[0].bw_bytes_per_s > 1e10
     assert s.digest == load_system(name).digest
 

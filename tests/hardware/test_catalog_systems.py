@@ -22,9 +22,11 @@ T, G = 1e12, 1e9
 GIB = 2**30
 
 # System ids that have tables under AIConfigurator's systems/data/ (ai-dynamo/aiconfigurator
-# @ 095f58a, Aug 2026); a100_pcie, a30, h100_pcie and l4 have only a .gitkeep there.
+# @ 095f58a, Aug 2026); a100_pcie, a30, h100_pcie and l4 have a system file and only a
+# .gitkeep there, and are in the catalog too (from their datasheets).
 AIC_SYSTEMS_WITH_DATA = {"a100_sxm", "b200_sxm", "b300_sxm", "b60", "gb200", "gb300",
                          "h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server"}
+AIC_SYSTEMS_WITHOUT_DATA = {"a100_pcie", "a30", "h100_pcie", "l4"}
 
 
 def _mx(name):
@@ -32,7 +34,30 @@ def _mx(name):
 
 
 def test_every_aiconfigurator_system_with_data_is_in_the_catalog_under_its_name():
-    assert AIC_SYSTEMS_WITH_DATA <= set(available_devices())
+    assert AIC_SYSTEMS_WITH_DATA | AIC_SYSTEMS_WITHOUT_DATA <= set(available_devices())
+
+
+# Datasheet columns (dense = half the printed sparse rate): BF16 and FP8 (INT8 where the
+# part has no FP8) tensor, FP32, memory GiB and GB/s, and the PCIe tier of an 8-GPU server.
+PCIE_SHEETS = {"h100_pcie": (756.5, 1513, 51.2, 80, 2000, "pcie_gen5", 64),
+               "a100_pcie": (312, 624, 19.5, 80, 1935, "pcie_gen4", 32),
+               "a30": (165, 330, 10.3, 24, 933, "pcie_gen4", 32),
+               "l4": (121, 242.5, 30.3, 24, 300, "pcie_gen4", 32)}
+
+
+@pytest.mark.parametrize("name", sorted(PCIE_SHEETS))
+def test_pcie_parts_sheet_numbers(name):
+    bf16, low, fp32, gib, bw, tier, tier_bw = PCIE_SHEETS[name]
+    s = load_system(name)
+    mx = s.device.engine("matrix")
+    assert mx.peak_for("bf16") == pytest.approx(bf16 * T)
+    assert mx.peak_for("fp8" if name in ("h100_pcie", "l4") else "int8") == pytest.approx(low * T)
+    assert s.device.engine("vector").peak_for("fp32") == pytest.approx(fp32 * T)
+    assert s.device.memory.capacity_bytes == gib * GIB
+    assert s.device.memory.bw_bytes_per_s == pytest.approx(bw * G)
+    assert s.tier_for_group(8).name == tier
+    assert s.tier_for_group(8).bw_bytes_per_s == pytest.approx(tier_bw * G)
+    assert s.tier_for_group(16).name != tier
 
 
 # The sheet column each Blackwell Ultra profile divides, as printed (PF = 1e15 FLOPS):

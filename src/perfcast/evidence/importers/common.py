@@ -138,11 +138,32 @@ def _model_token(system: str) -> str:
 
 def device_systems(device: str) -> set[str]:
     """Catalog names whose model (h100, gb200, mi300x, ...) a free-text device name such
-    as 'NVIDIA H100 80GB HBM3' mentions (empty when it names none)."""
+    as 'NVIDIA H100 80GB HBM3' mentions (empty when it names none). A model the catalog
+    has as an SXM and a PCIe part is told apart by the name: 'PCIe' in it ('NVIDIA H100
+    PCIe', 'NVIDIA A100 80GB PCIe', as nvidia-smi prints them) names the `_pcie` part."""
     from perfcast.hardware.catalog_loader import available_devices
 
     words = _tokens(device)
-    return {n for n in available_devices() if _model_token(n) in words}
+    named = {n for n in available_devices() if _model_token(n) in words}
+    out: set[str] = set()
+    for model in {_model_token(n) for n in named}:
+        parts = {n for n in named if _model_token(n) == model}
+        if len(parts) > 1:
+            parts = {n for n in parts if n.endswith("_pcie") == ("pcie" in words)} or parts
+        out |= parts
+    return out
+
+
+def _same_part(hardware: str, named: set[str]) -> bool:
+    """Whether the parts a device name gives are `hardware`: by name where the catalog
+    has the model in more than one form, by model otherwise."""
+    from perfcast.hardware.catalog_loader import available_devices
+
+    if hardware in named:
+        return True
+    model = _model_token(hardware)
+    forms = [n for n in available_devices() if _model_token(n) == model]
+    return len(forms) <= 1 and model in {_model_token(n) for n in named}
 
 
 def check_device_column(values, *, hardware: str, source: str, field: str = "device") -> None:
@@ -153,7 +174,7 @@ def check_device_column(values, *, hardware: str, source: str, field: str = "dev
     indices = np.asarray(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False))
     for code, device in enumerate(enc.dictionary.to_pylist()):
         named = device_systems(device)
-        if named and _model_token(hardware) not in {_model_token(n) for n in named}:
+        if named and not _same_part(hardware, named):
             rows = np.flatnonzero(indices == code)
             raise ConfigError(
                 f"row {int(rows[0])}: device {device!r} ({', '.join(sorted(named))}), not "
