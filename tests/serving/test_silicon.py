@@ -472,9 +472,11 @@ def test_sglang_rows_keep_the_launch_fraction_else_the_engine_derives_it():
            "moe_quant_mode": "", "batch_size": "16", "pp_size": "1", "tp_size": "2",
            "attention_dp_size": "1", "moe_tp_size": "", "moe_ep_size": "",
            "silicon_ttft_ms": "1", "silicon_tpot_ms": "1", "silicon_data_source": ""}
-    cfg, _ = row_config(row, models, rules)
+    cfg, notes = row_config(row, models, rules)
     kv = cfg.backend.kv_cache
     assert cfg.backend.scheduler.token_budget == 16384 and kv.reserved_memory is not None
     assert kv.reserved_memory.fraction(
         memory_gib=80, chunk_tokens=16384, graph_max_batch=cfg.backend.cuda_graph.max_batch,
         stage_gpus=2, pp=1, dp=1) == round(1 - (512 + 24576 + 512 + 256) / 81920, 3)
+    assert "memory fraction 0.684: no launch setting, so sglang's own rule (>=0.5.3) holds " \
+           "back 25.2 of 80 GiB" in notes

@@ -363,6 +363,19 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     if harness.get("cuda_graph_covers_concurrency"):
         backend = graphs_up_to(backend, per_engine)
         decode_backend = decode_backend and graphs_up_to(decode_backend, per_engine)
+    roles = ((("decode", decode_backend or backend, decode_pool), ("prefill", backend, pool))
+             if decode_pool else (("", backend, pool),))
+    for role, bk, p in roles:
+        rule = bk.kv_cache.reserved_memory
+        if rule is not None:
+            gib = system.device.memory.capacity_bytes / 2**30
+            facts = dict(memory_gib=gib, chunk_tokens=bk.scheduler.token_budget,
+                         graph_max_batch=bk.cuda_graph.max_batch,
+                         stage_gpus=p.plan.tp * p.plan.dp, pp=p.plan.pp, dp=p.plan.dp)
+            notes.append(f"{role + ' ' if role else ''}memory fraction {rule.fraction(**facts)}: "
+                         f"no launch setting, so {name}'s own rule "
+                         f"({bk.version_range or 'backend file'}) holds back "
+                         f"{rule.reserved_mib(**facts) / 1024:.1f} of {gib:.0f} GiB")
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
                       decode_max_running_requests=decode_slots, decode_backend=decode_backend,
