@@ -50,6 +50,9 @@ def test_serve_disagg_and_open_loop_run():
     res = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--concurrency", "2", "--isl",
                                    "128", "--osl", "8", "--format", "json"])
     assert json.loads(res.stdout)["inputs"]["kv_cache"]["agg"]["fraction_from"] == "setting"
+    table = CliRunner().invoke(app, ["serve", "Qwen/Qwen3-0.6B", "--concurrency", "2", "--isl",
+                                     "128", "--osl", "8", "--backend", "sglang"])
+    assert "kv cache   fraction 0.836 (the engine's own), " in table.output
 
 
 def test_decode_slots_move_the_decode_wait_into_ttft():

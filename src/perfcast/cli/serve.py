@@ -513,6 +513,18 @@ def kv_cache_inputs(engines, backend, speculative) -> dict:
     return out
 
 
+def kv_cache_lines(kv: dict | None) -> list[str]:
+    """The table-output line of `kv_cache_inputs`: per role, fraction and KV tokens."""
+    if not kv:
+        return []
+    parts = []
+    for role, v in kv.items():
+        origin = "the engine's own" if v["fraction_from"] == "engine" else "set"
+        parts.append(f"{'' if role == 'agg' else role + ' '}fraction {v['memory_fraction']:g} "
+                     f"({origin}), {v['capacity_tokens']:,} tokens per replica")
+    return ["kv cache   " + "; ".join(parts)]
+
+
 def _layout(plan, workers: int, decode_pool) -> dict:
     out = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep,
            "moe_tp": plan.moe_tp_size, "workers": workers}
@@ -595,6 +607,7 @@ def input_lines(inputs: dict) -> list[str]:
             *defaults_lines(inputs.get("backend_defaults")),
             f"precision  weights {p['weight']}, activations {p['activation']}, "
             f"KV {p['kv_cache']}",
+            *kv_cache_lines(inputs.get("kv_cache")),
             f"clients    {clients}; {c['num_requests']} requests (+{c['warmup_requests']} "
             "warm-up)",
             lengths, *extra]
