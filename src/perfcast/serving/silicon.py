@@ -509,10 +509,10 @@ def launch_recipe(launch: dict, source: str, lengths: tuple[int, int], concurren
     if set(launch) != set(LAUNCH_KEYS):
         raise ConfigError(f"disagg_recipes launch {launch.get('recipe')!r} has keys "
                           f"{sorted(launch)}, expected {sorted(LAUNCH_KEYS)}")
-    if ((tuple(launch["lengths"]) != tuple(lengths)
+    if (tuple(launch["lengths"]) != tuple(lengths)
             or concurrency not in launch["concurrencies"]
             or launch["prefill_workers"] != prefill.workers
-            or launch["decode_workers"] != decode.workers)):
+            or launch["decode_workers"] != decode.workers):
         return {}
     for pool, plan in ((prefill, launch["prefill_plan"]), (decode, launch["decode_plan"])):
         if (pool.plan.tp, pool.plan.dp) != (int(plan["tp"]), int(plan["dp"])):
