@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from perfcast.serving.silicon import (ModelResolver, closed_loop_in_decode, load_rules, read_rows,
-                                      row_config, summarize, ttft_in_completion_gaps,
+from perfcast.serving.silicon import (ModelResolver, load_rules, read_rows, row_config, summarize,
                                       validate_rows)
+from perfcast.serving.silicon_bounds import closed_loop_in_decode, ttft_in_completion_gaps
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference"
 

@@ -167,7 +167,7 @@ def test_deepseek_h100_disagg_rows_take_the_recipe_of_their_run():
 
 def test_disagg_recipe_matches_every_field_of_a_run():
     from perfcast.serving.deploy import Pool
-    from perfcast.serving.silicon import disagg_recipe
+    from perfcast.serving.silicon_recipes import disagg_recipe
     harness = {"disagg_recipes": {"space": {
         "models": ["org/M"], "backend": "trtllm", "systems": ["b200_sxm"],
         "precision": ["fp4"], "source": "space source",
@@ -197,14 +197,14 @@ def test_disagg_recipe_matches_every_field_of_a_run():
 
 
 def test_every_shipped_disagg_run_is_well_formed_and_unique():
-    from perfcast.serving.silicon import DISAGG_RUN_FIELDS
+    from perfcast.serving.silicon_recipes import DISAGG_RUN_FIELDS
     spaces = load_rules()["harness"]["disagg_recipes"]
     assert spaces
     for name, entry in spaces.items():
         assert entry["source"] and entry["models"] and entry["systems"], name
         keys = set()
         for launch in entry.get("launches") or ():
-            from perfcast.serving.silicon import LAUNCH_KEYS
+            from perfcast.serving.silicon_recipes import LAUNCH_KEYS
             assert set(launch) == set(LAUNCH_KEYS) and launch["recipe"], (name, launch)
             assert set(launch["decode"]) <= {"scheduler", "kv_cache", "cuda_graph"}
             assert set(launch["decode"].get("scheduler", {})) <= {"max_running_requests"}

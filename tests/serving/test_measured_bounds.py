@@ -8,7 +8,8 @@ import pytest
 from perfcast.evidence.contracts import (CostEstimate, CostQuery, CostSubject, EstimateMethod,
                                          MatchKind)
 from perfcast.evidence.measured_view import MeasuredView
-from perfcast.serving.silicon import ModelResolver, below_memory_bound, load_rules, row_config
+from perfcast.serving.silicon import ModelResolver, load_rules, row_config
+from perfcast.serving.silicon_bounds import below_memory_bound
 from perfcast.workload.tensors import TensorSpec
 
 
@@ -91,7 +92,7 @@ def test_validate_rows_reports_the_contradiction_instead_of_a_prediction():
 
 
 def test_rows_needing_more_prefill_math_than_the_device_has_are_named():
-    from perfcast.serving.silicon import above_compute_bound
+    from perfcast.serving.silicon_bounds import above_compute_bound
     rules = load_rules()
     row = {**_row("100", "40"), "isl": "8000", "osl": "100", "batch_size": "64"}
     cfg, _ = row_config(row, ModelResolver(None, rules), rules)

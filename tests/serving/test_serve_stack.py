@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from perfcast.cli.main import app
 from perfcast.cli.serve import ServeArgs, run_serve
-from perfcast.serving import silicon, speculative, step_cost
+from perfcast.serving import silicon, silicon_bounds, speculative, step_cost
 from perfcast.workload import build as workload_build
 from perfcast.workload import graph as workload_graph
 
@@ -36,7 +36,7 @@ def stacks_built(monkeypatch):
             super().__init__(*args, **kw)
             seen.append(self.stack.name)
 
-    for module in (step_cost, speculative, silicon):
+    for module in (step_cost, speculative, silicon_bounds):
         monkeypatch.setattr(module, "build_task_graph", build)
     monkeypatch.setattr(speculative, "GraphBuilder", Builder)
     step_cost._BUILT.clear()   # graphs built by earlier tests are not built again

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from perfcast.cli.main import app
 from perfcast.evidence.versions import nearest_version, version_key
-from perfcast.serving.silicon import closed_loop_in_decode, ttft_in_completion_gaps
+from perfcast.serving.silicon_bounds import closed_loop_in_decode, ttft_in_completion_gaps
 from perfcast.serving.silicon import (ModelResolver, RowError, load_rules, read_rows, row_config,
                                       summarize, validate_rows)
 
@@ -158,7 +158,7 @@ def test_vllm_token_budget_follows_the_harness_recipe_of_the_exact_model_id():
 
 
 def test_harness_recipe_entries_apply_by_exact_id_system_attention_dp_and_lengths():
-    from perfcast.serving.silicon import harness_recipe
+    from perfcast.serving.silicon_recipes import harness_recipe
     harness = {"model_recipes": {"org/M": {"trtllm": [
         {"scheduler": {"token_budget": 100}, "kv_cache": {"memory_fraction": 0.5},
          "source": "base"},
@@ -184,7 +184,7 @@ def test_harness_recipe_entries_apply_by_exact_id_system_attention_dp_and_length
 
 
 def test_harness_recipe_entries_apply_by_tensor_parallel_size_and_precision_label():
-    from perfcast.serving.silicon import harness_recipe
+    from perfcast.serving.silicon_recipes import harness_recipe
     harness = {"model_recipes": {"org/M": {"sglang": [
         {"tp": [8], "scheduler": {"max_running_requests": 128}, "source": "tp8"},
         {"tp": [4], "scheduler": {"max_running_requests": 32}, "source": "tp4"},

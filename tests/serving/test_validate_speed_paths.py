@@ -8,7 +8,8 @@ import gc
 import pytest
 
 from perfcast.hardware import load_system
-from perfcast.serving import silicon
+from perfcast.serving import silicon, silicon_bounds
+from perfcast.serving.step_cost import stack_options
 from perfcast.workload import Batch, ParallelPlan, TaskKind, load_model_spec
 from perfcast.workload.build import build_task_graph
 
@@ -22,45 +23,45 @@ def _fresh_bytes(plan, batch):
 
 
 def test_graph_sums_hit_equals_a_fresh_sum_and_the_key_tells_inputs_apart(monkeypatch):
-    monkeypatch.setattr(silicon, "_GRAPH_SUMS", {})
+    monkeypatch.setattr(silicon_bounds, "_GRAPH_SUMS", {})
     tp1, tp2 = ParallelPlan(tp=1), ParallelPlan(tp=2)
-    a = silicon._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100)
+    a = silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100)
     assert a == _fresh_bytes(tp1, Batch.decode(8, 1024))
-    assert silicon._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100) == a
+    assert silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100) == a
     # another batch, context, plan or phase is another graph
-    assert silicon._graph_sum("bytes", MODEL, tp1, Batch.decode(9, 1024), None, H100) \
+    assert silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.decode(9, 1024), None, H100) \
         == _fresh_bytes(tp1, Batch.decode(9, 1024)) != a
-    assert silicon._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 2048), None, H100) \
+    assert silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 2048), None, H100) \
         == _fresh_bytes(tp1, Batch.decode(8, 2048)) != a
-    assert silicon._graph_sum("bytes", MODEL, tp2, Batch.decode(8, 1024), None, H100) \
+    assert silicon_bounds._graph_sum("bytes", MODEL, tp2, Batch.decode(8, 1024), None, H100) \
         == _fresh_bytes(tp2, Batch.decode(8, 1024)) != a
-    assert silicon._graph_sum("bytes", MODEL, tp1, Batch.prefill(8, 1, 1024), None, H100) \
+    assert silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.prefill(8, 1, 1024), None, H100) \
         == _fresh_bytes(tp1, Batch.prefill(8, 1, 1024))
     # the peak-rate sum is kept per system (its digest is in the key) and apart from
     # the byte sums
-    p1 = silicon._graph_sum("peak_s", MODEL, tp1, Batch.prefill(1, 4096), None, H100)
-    p2 = silicon._graph_sum("peak_s", MODEL, tp1, Batch.prefill(1, 4096), None, H200)
-    keys = {k[0] for k in silicon._GRAPH_SUMS}
+    p1 = silicon_bounds._graph_sum("peak_s", MODEL, tp1, Batch.prefill(1, 4096), None, H100)
+    p2 = silicon_bounds._graph_sum("peak_s", MODEL, tp1, Batch.prefill(1, 4096), None, H200)
+    keys = {k[0] for k in silicon_bounds._GRAPH_SUMS}
     assert keys == {"bytes", "peak_s"} and p1 > 0 and p2 > 0
-    assert len({k for k in silicon._GRAPH_SUMS if k[0] == "peak_s"}) == 2
+    assert len({k for k in silicon_bounds._GRAPH_SUMS if k[0] == "peak_s"}) == 2
     # another operator stack is another graph (key by the stack's name, as built_halves)
     from perfcast.workload.stacks import resolve_stack
 
     tc = resolve_stack("tensorcast", "")
-    b = silicon._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100, tc)
+    b = silicon_bounds._graph_sum("bytes", MODEL, tp1, Batch.decode(8, 1024), None, H100, tc)
     graph = build_task_graph(MODEL, tp1, Batch.decode(8, 1024), None,
-                             **silicon.stack_options(tc))
+                             **stack_options(tc))
     assert b == sum(t.work.bytes_total * t.count for t in graph.tasks
                     if t.kind is TaskKind.COMPUTE)
-    assert any(k[-1] == tc.name for k in silicon._GRAPH_SUMS)
+    assert any(k[-1] == tc.name for k in silicon_bounds._GRAPH_SUMS)
 
 
 def test_graph_sums_are_bounded(monkeypatch):
-    monkeypatch.setattr(silicon, "_GRAPH_SUMS", {})
-    monkeypatch.setattr(silicon, "GRAPH_SUMS_MAX", 3)
+    monkeypatch.setattr(silicon_bounds, "_GRAPH_SUMS", {})
+    monkeypatch.setattr(silicon_bounds, "GRAPH_SUMS_MAX", 3)
     for n in range(1, 8):
-        silicon._graph_sum("bytes", MODEL, ParallelPlan(), Batch.decode(n, 64), None, H100)
-        assert len(silicon._GRAPH_SUMS) <= 3
+        silicon_bounds._graph_sum("bytes", MODEL, ParallelPlan(), Batch.decode(n, 64), None, H100)
+        assert len(silicon_bounds._GRAPH_SUMS) <= 3
 
 
 def test_long_run_gc_restores_the_thresholds_also_on_error():

@@ -5,7 +5,8 @@ Each row becomes a ServeConfig (model config from a configs folder or the built-
 catalog, layout, precision, backend defaults + harness settings, closed-loop clients).
 A row that cannot be modelled keeps an explicit reason (inconsistent layout, unknown
 model, unsupported architecture, ...) and no number. How rows are read is data:
-`silicon_rules.yaml`.
+`silicon_rules.yaml`; the launch recipes it holds are applied by `silicon_recipes`, and
+measurements the hardware cannot produce are screened by `silicon_bounds`.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import yaml
 
 from perfcast.core.errors import ConfigError, PerfcastError
 from perfcast.hardware import System, load_system
-from perfcast.serving.backends import BackendDefaults, load_backend
+from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
-from perfcast.serving.step_cost import stack_options
-from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind, load_model_spec
-from perfcast.workload.build import build_task_graph
-from perfcast.workload.families.traits import has_routed_experts
+from perfcast.serving.silicon_bounds import above_compute_bound, below_memory_bound
+from perfcast.serving.silicon_recipes import (disagg_recipe, graphs_up_to, harness_recipe,
+                                              launch_settings)
+from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
 from perfcast.workload.model_spec import model_spec_from_config
 from perfcast.workload.quant import LINEAR_ACTIONS, precision_for_model
 from perfcast.workload.stacks import resolve_stack
@@ -385,167 +386,6 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     return cfg, notes
 
 
-def launch_settings(backend: BackendDefaults, settings: dict) -> BackendDefaults:
-    """`backend` with a launch's `scheduler`, `kv_cache` and `cuda_graph` settings; a
-    memory fraction set at launch ends the engine's own derivation."""
-    kv_changes = dict(settings.get("kv_cache") or {})
-    kv = backend.kv_cache
-    if "memory_fraction" in kv_changes:
-        kv = kv.with_memory_fraction(kv_changes.pop("memory_fraction"))
-    out = replace(backend, kv_cache=replace(kv, **kv_changes),
-                  cuda_graph=replace(backend.cuda_graph, **(settings.get("cuda_graph") or {})))
-    return out.with_scheduler(**(settings.get("scheduler") or {}))
-
-
-def graphs_up_to(backend: BackendDefaults, requests: int) -> BackendDefaults:
-    """The harness captures CUDA graphs up to the requests one engine runs."""
-    if backend.cuda_graph.max_batch >= requests:
-        return backend
-    sizes = tuple(sorted(set(backend.cuda_graph.capture_sizes) | {requests}))
-    return replace(backend, cuda_graph=replace(backend.cuda_graph, max_batch=requests,
-                                               capture_sizes=sizes))
-
-
-RECIPE_META_KEYS = ("systems", "attention_dp", "lengths", "tp", "precision", "source")
-
-
-def harness_recipe(harness: dict, model_id: str, backend: str, system: str,
-                   attention_dp: bool, lengths: tuple[int, int], tp: int | None = None,
-                   precision: str | None = None) -> dict:
-    """The harness recipe for one exact model id on one engine and system: the
-    settings its launch script passes (`model_recipes` in silicon_rules.yaml, each
-    entry citing the script). Entries with `systems` apply only there, with
-    `attention_dp` only when the row's layout has (true) or lacks (false) attention DP,
-    with `lengths: [isl, osl]` only to rows of those lengths, with `tp: [..]` only to
-    rows of those tensor-parallel sizes, with `precision: [..]` only to rows of those
-    precision labels (a launch script per checkpoint); later entries override
-    earlier ones. The result carries the last applied entry's `source`; an empty dict
-    when no recipe applies."""
-    entry = (harness.get("model_recipes") or {}).get(model_id, {})
-    merged: dict = {}
-    for part in entry.get(backend) or ():
-        if isinstance(part, str):
-            raise ConfigError(f"model_recipes[{model_id!r}][{backend!r}] must be a list of "
-                              "settings mappings")
-        if "systems" in part and system not in part["systems"]:
-            continue
-        if "attention_dp" in part and bool(part["attention_dp"]) != attention_dp:
-            continue
-        if "lengths" in part and tuple(part["lengths"]) != tuple(lengths):
-            continue
-        if "tp" in part and tp not in part["tp"]:
-            continue
-        if "precision" in part and precision not in part["precision"]:
-            continue
-        for key, value in part.items():
-            if key in RECIPE_META_KEYS:   # conditions and the source, not settings
-                continue
-            if key in ("scheduler", "kv_cache"):
-                merged.setdefault(key, {}).update(value)
-            else:
-                merged[key] = value
-        merged["source"] = part.get("source") or entry.get("source", "")
-    return merged
-
-
-DISAGG_RUN_FIELDS = ("isl", "osl", "concurrency", "prefill_workers", "decode_workers",
-                     "decode_attention_dp", "decode_max_batch_size", "prefill_max_batch_size",
-                     "prefill_max_num_tokens", "recipe")
-
-
-def disagg_recipe(harness: dict, model_id: str, backend: str, system: str, precision: str,
-                  lengths: tuple[int, int], concurrency: int, prefill: Pool,
-                  decode: Pool) -> dict:
-    """The multi-node recipe a disagg row's deployment ran (`disagg_recipes` in
-    silicon_rules.yaml): a search space of the harness lists one recipe per client
-    concurrency and worker counts; a row takes the run whose lengths, concurrency,
-    prefill and decode worker counts and decode attention DP are its own, in a space
-    for its exact model id, engine, system and precision label. The settings: the
-    decode workers' `max_batch_size` per rank (`decode_max_batch_size`) and, where
-    every version of the recipe agrees, the prefill worker's `max_batch_size` and
-    `max_num_tokens` per rank (the scheduler's `max_running_requests` and
-    `token_budget`). A space may instead list `launches` (`launch_recipe`). An empty
-    dict when no run matches."""
-    for space, entry in (harness.get("disagg_recipes") or {}).items():
-        if (model_id not in entry["models"] or backend != entry["backend"]
-                or system not in entry["systems"] or precision not in entry["precision"]):
-            continue
-        for launch in entry.get("launches") or ():
-            found = launch_recipe(launch, entry["source"], lengths, concurrency, prefill, decode)
-            if found:
-                return found
-        for run in entry.get("runs") or ():
-            if len(run) != len(DISAGG_RUN_FIELDS):
-                raise ConfigError(f"disagg_recipes[{space!r}]: a run has {len(run)} fields, "
-                                  f"expected {len(DISAGG_RUN_FIELDS)} "
-                                  f"({', '.join(DISAGG_RUN_FIELDS)})")
-            r = dict(zip(DISAGG_RUN_FIELDS, run))
-            if ((r["isl"], r["osl"]) != tuple(lengths) or r["concurrency"] != concurrency
-                    or r["prefill_workers"] != prefill.workers
-                    or r["decode_workers"] != decode.workers
-                    or bool(r["decode_attention_dp"]) != (decode.plan.dp > 1)):
-                continue
-            out: dict = {"decode_max_batch_size": int(r["decode_max_batch_size"]),
-                         "source": f"{entry['source']}; recipe {r['recipe']}"}
-            if r["prefill_max_batch_size"] is not None:
-                out["scheduler"] = {"max_running_requests": int(r["prefill_max_batch_size"]),
-                                    "token_budget": int(r["prefill_max_num_tokens"])}
-            return out
-    return {}
-
-
-LAUNCH_KEYS = ("lengths", "concurrencies", "prefill_workers", "decode_workers",
-               "prefill_plan", "decode_plan", "prefill", "decode", "recipe")
-
-
-def launch_recipe(launch: dict, source: str, lengths: tuple[int, int], concurrency: int,
-                  prefill: Pool, decode: Pool) -> dict:
-    """One multi-node launch of `disagg_recipes` given by its roles' engine arguments
-    (an SGLang recipe's prefill and decode `args`): it matches a row whose lengths,
-    client concurrency (one of `concurrencies`), worker counts and both pools' layouts
-    (`{tp, dp}` each) are its own. `prefill` settings (scheduler, kv_cache) apply to the
-    prefill workers; `decode` settings (kv_cache, cuda_graph) run the decode workers'
-    own engine, with `max_running_requests` per attention-DP rank."""
-    if set(launch) != set(LAUNCH_KEYS):
-        raise ConfigError(f"disagg_recipes launch {launch.get('recipe')!r} has keys "
-                          f"{sorted(launch)}, expected {sorted(LAUNCH_KEYS)}")
-    if (tuple(launch["lengths"]) != tuple(lengths)
-            or concurrency not in launch["concurrencies"]
-            or launch["prefill_workers"] != prefill.workers
-            or launch["decode_workers"] != decode.workers):
-        return {}
-    for pool, plan in ((prefill, launch["prefill_plan"]), (decode, launch["decode_plan"])):
-        if (pool.plan.tp, pool.plan.dp) != (int(plan["tp"]), int(plan["dp"])):
-            return {}
-    out = {**launch["prefill"], "source": f"{source}; recipe {launch['recipe']}"}
-    decode_settings = dict(launch["decode"])
-    scheduler = dict(decode_settings.pop("scheduler", {}))
-    if "max_running_requests" in scheduler:
-        out["decode_max_batch_size"] = int(scheduler.pop("max_running_requests"))
-    if scheduler:
-        raise ConfigError(f"disagg_recipes launch {launch['recipe']!r}: decode scheduler "
-                          f"settings {sorted(scheduler)} are not modelled",
-                          expected="max_running_requests only")
-    out["decode"] = decode_settings
-    return out
-
-
-def closed_loop_in_decode(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
-    """Requests in their decode phase on average in a closed loop of `concurrency`
-    clients, by Little's law: C x decode time / (TTFT + decode time), decode time
-    (osl - 1) x TPOT. Below C by the share of each request's life before its first token
-    (client, queue, prefill); a client-side cap shows up as a plateau (docs/serving.md)."""
-    decode_ms = (osl - 1) * tpot_ms
-    return concurrency * decode_ms / (ttft_ms + decode_ms)
-
-
-def ttft_in_completion_gaps(concurrency: int, osl: int, ttft_ms: float, tpot_ms: float) -> float:
-    """TTFT in units of the closed loop's mean time between completions,
-    e2e / C = (TTFT + (osl - 1) x TPOT) / C; about 1 when each new request waits for the
-    next completion before its first token."""
-    return ttft_ms * concurrency / (ttft_ms + (osl - 1) * tpot_ms)
-
-
 WORKER_FIELDS = ("prefill_num_workers", "decode_num_workers", "decode_batch_size")
 
 
@@ -594,121 +434,6 @@ def _clients(row: dict, key: str, ranks: int, ranks_text: str) -> int:
         raise RowError(f"{key} {per_rank:g} x {ranks_text} = {total:g} is not a whole number "
                        "of clients")
     return conc
-
-
-def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
-    """Why a row's measurement contradicts the hardware, or None.
-
-    A decode step reads at least every byte its tasks touch (weights, the experts its
-    tokens reach, the KV cache of the prompts) through HBM, so its time is at least those
-    bytes over the device's peak bandwidth, and TPOT (decode steps plus prefill stalls)
-    is at least that. The requests in decode come from the row itself (Little's law on
-    its TTFT and TPOT, `closed_loop_in_decode`), each with at least the prompt cached. A
-    measured TPOT below that bound cannot be this deployment at this concurrency and
-    these lengths (e.g. outputs that stopped early, or fewer clients than recorded).
-    Disagg rows: the same bound on the decode pool (the requests in decode are there)."""
-    if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
-        return None
-    if cfg.mode == "agg":
-        pool = cfg.pool
-    elif cfg.mode == "disagg" and cfg.decode_pool is not None:
-        pool = cfg.decode_pool
-    else:
-        return None
-    in_decode = closed_loop_in_decode(cfg.concurrency, cfg.osl, ttft_ms, tpot_ms)
-    per_replica = max(1, int(in_decode / max(pool.workers, 1)))
-    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
-    moved = _graph_sum("bytes", cfg.model, pool.plan, Batch.decode(per_replica, cfg.isl),
-                       cfg.precision, system, _stack_of(cfg, system))
-    bound_ms = 1e3 * moved / system.device.memory.bw_bytes_per_s
-    if tpot_ms >= bound_ms:
-        return None
-    # the experts a step reads are the expected distinct ones of uniform routing, not
-    # the fewest a router could pick: for MoE models the bound holds for that routing
-    routing = (" (routed experts: the distinct ones uniform top-k routing reaches)"
-               if has_routed_experts(cfg.model) else "")
-    return (f"measured TPOT {tpot_ms:.2f} ms is below {bound_ms:.2f} ms, the time a decode "
-            f"step of the {in_decode:.0f} requests the row's TTFT and TPOT put in decode "
-            f"(Little's law) needs to move {moved / 1e9:.1f} GB per device at peak HBM "
-            f"bandwidth{routing}: the measurement contradicts the deployment it describes")
-
-
-# _graph_sum's values by content (rows of one deployment at other concurrencies ask
-# the same graphs); bounded, cleared when full
-_GRAPH_SUMS: dict[tuple, float] = {}
-GRAPH_SUMS_MAX = 4096
-
-
-def _stack_of(cfg: ServeConfig, system: System):
-    """The operator stack the deployment's graphs are built under (its `--stack`)."""
-    return resolve_stack(cfg.stack, system.device.vendor)
-
-
-def _graph_sum(what: str, model: ModelSpec, plan: ParallelPlan, batch: Batch,
-               precision: Precision | None, system: System, stack=None) -> float:
-    """Over the compute tasks of `batch`'s graph under `stack` (`_stack_of`):
-    the bytes they move (`bytes`), or their FLOPs at the system's peak rate for each
-    task's engine and math dtype (`peak_s`), summed in graph order; memoised by the
-    digests of model, plan and system and the stack's name (as `built_halves`)."""
-    key = (what, model.digest, plan.digest, precision, batch, system.digest,
-           None if stack is None else stack.name)
-    hit = _GRAPH_SUMS.get(key)
-    if hit is not None:
-        return hit
-    graph = build_task_graph(model, plan, batch, precision, **stack_options(stack))
-    if what == "bytes":
-        out = sum(t.work.bytes_total * t.count for t in graph.tasks
-                  if t.kind is TaskKind.COMPUTE)
-    else:
-        out = 0.0
-        for t in graph.tasks:
-            if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
-                continue
-            engine = system.device.engines.get(str(getattr(t.work.engine, "value",
-                                                           t.work.engine)))
-            peak = engine.peak_for(t.work.compute_dtype) if engine is not None else None
-            if peak:
-                out += t.work.flops * t.count / peak
-    if len(_GRAPH_SUMS) >= GRAPH_SUMS_MAX:
-        _GRAPH_SUMS.clear()
-    _GRAPH_SUMS[key] = out
-    return out
-
-
-def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
-    """Why a row's measured throughput needs more prefill math than the devices have,
-    or None.
-
-    In a closed loop of C clients, requests complete at C / e2e per second (Little's
-    law), e2e = TTFT + (osl - 1) x TPOT with the row's largest output length (the mean
-    is shorter, so this undercounts the rate). Each completed request prefilled at least
-    `range_ratio x isl` prompt tokens (the shortest prompt the harness samples), and a
-    prefill's matrix work on a device takes at least its FLOPs over the device's peak
-    rate for the task's math dtype. When that lower bound on busy time exceeds the
-    measured wall time, the row cannot be this deployment at these lengths (e.g. prompts
-    served from a prefix cache, shorter prompts than recorded). Disagg rows: the bound on
-    the prefill pool."""
-    if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
-        return None
-    pool = cfg.pool
-    e2e_s = 1e-3 * (ttft_ms + max(cfg.osl - 1, 0) * tpot_ms)
-    if e2e_s <= 0:
-        return None
-    rate = cfg.concurrency / e2e_s                     # requests per second, all pools
-    prompt = max(1, int(cfg.range_ratio * cfg.isl))
-    dp = max(1, pool.plan.dp)
-    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
-    # one device's busy time for a step of one prompt per rank
-    busy_s = _graph_sum("peak_s", cfg.model, pool.plan, Batch.prefill(dp, prompt),
-                        cfg.precision, system, _stack_of(cfg, system))
-    steps_per_s = rate / (dp * max(pool.workers, 1))   # such steps per second and device
-    needed = busy_s * steps_per_s                      # busy seconds per second
-    if needed <= 1.0:
-        return None
-    return (f"the measured TTFT and TPOT complete {rate:.1f} requests/s (Little's law on "
-            f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
-            f"{needed:.2f} s of matrix math per second on each device at peak rate: the "
-            f"measurement contradicts the deployment it describes")
 
 
 # cyclic-GC thresholds while rows are simulated (generations 0, 1, 2; CPython's default
