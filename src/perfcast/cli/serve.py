@@ -241,7 +241,7 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     revision = load_calibration(a.calibration)
     system = load_system(a.device)
     op_stack = resolve_stack(a.stack, system.device.vendor)
-    bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.tp * plan.dp,
+    bk = load_backend(a.backend, a.backend_version, system=system, tp=plan.devices_per_stage,
                       pp=plan.pp)
     if bk.version_note and a.backend_version:   # a version given but not matched
         note(f"note: {bk.version_note}")
@@ -498,9 +498,8 @@ def kv_cache_inputs(engines, backend, speculative) -> dict:
     derivation from its chunk size, CUDA-graph batch and layout; `setting`: the backend
     file's or a launch's) and the KV tokens one replica holds."""
     from perfcast.serving.deploy import memory_fraction
-    from perfcast.serving.speculative import SpeculativeMethod
 
-    draft = speculative is not None and speculative.method != SpeculativeMethod.NGRAM
+    draft = speculative is not None and speculative.loads_draft
     out: dict = {}
     for e in engines:
         role = str(e.role.value)

@@ -140,7 +140,7 @@ class ReservedMemory:
                      / device_mib, 3)
 
 
-RESERVED_MEMORY_FIELDS = tuple(f for f in ReservedMemory.__dataclass_fields__)
+RESERVED_MEMORY_FIELDS = tuple(ReservedMemory.__dataclass_fields__)
 
 
 @dataclass(frozen=True)

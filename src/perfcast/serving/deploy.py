@@ -17,7 +17,7 @@ from perfcast.serving.requests import (BlockLRU, Client, ClosedLoopClient, Decla
                                       LengthDistribution, OpenLoopClient, TraceClient,
                                       TraceRequest)
 from perfcast.serving.simulator import SimulationResult, simulate
-from perfcast.serving.speculative import SpeculativeConfig, SpeculativeMethod, speculative_step
+from perfcast.serving.speculative import SpeculativeConfig, speculative_step
 from perfcast.serving.step_cost import StepCostModel
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
 from perfcast.workload.stacks import resolve_stack
@@ -123,21 +123,28 @@ def sampler_reserve_bytes(step: StepCostModel, backend: BackendDefaults) -> floa
     return per_logit * backend.scheduler.max_running_requests * step.model.vocab_size
 
 
+def reserved_memory_facts(backend: BackendDefaults, system: System, plan: ParallelPlan,
+                          draft_model: bool = False) -> dict:
+    """The deployment facts an engine's own memory rule (`ReservedMemory`) reads: device
+    memory, chunk size, CUDA-graph batch and layout. `draft_model`: a speculative draft
+    model or MTP layers are loaded."""
+    return dict(memory_gib=system.device.memory.capacity_bytes / GIB,
+                chunk_tokens=backend.scheduler.token_budget,
+                graph_max_batch=backend.cuda_graph.max_batch,
+                stage_gpus=plan.devices_per_stage, pp=plan.pp, dp=plan.dp,
+                speculative=draft_model)
+
+
 def memory_fraction(step: StepCostModel, backend: BackendDefaults,
                     draft_model: bool = False) -> float:
     """The share of device memory the engine gives weights and KV cache: the backend
-    file's (or launch setting's) fraction, or the engine's own derivation from its
-    chunk size, CUDA-graph batch and layout (`ReservedMemory`). `draft_model`: a
-    speculative draft model or MTP layers are loaded."""
+    file's (or launch setting's) fraction, or the engine's own derivation
+    (`reserved_memory_facts`)."""
     kv = backend.kv_cache
     if kv.reserved_memory is None:
         return kv.memory_fraction
-    plan = step.plan
     return kv.reserved_memory.fraction(
-        memory_gib=step.system.device.memory.capacity_bytes / GIB,
-        chunk_tokens=backend.scheduler.token_budget,
-        graph_max_batch=backend.cuda_graph.max_batch,
-        stage_gpus=plan.tp * plan.dp, pp=plan.pp, dp=plan.dp, speculative=draft_model)
+        **reserved_memory_facts(backend, step.system, step.plan, draft_model))
 
 
 def kv_capacity_tokens(step: StepCostModel, backend: BackendDefaults,
@@ -206,7 +213,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
     model = cfg.model if isinstance(cfg.model, ModelSpec) else load_model_spec(cfg.model)
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     backend = cfg.backend if isinstance(cfg.backend, BackendDefaults) else load_backend(
-        cfg.backend, cfg.backend_version, system=system, tp=cfg.pool.plan.tp * cfg.pool.plan.dp,
+        cfg.backend, cfg.backend_version, system=system, tp=cfg.pool.plan.devices_per_stage,
         pp=cfg.pool.plan.pp)
     context = evidence_context or CostQueryContext(runtime=backend.name,
                                                    runtime_revision=cfg.backend_version)
@@ -235,7 +242,7 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                                 cfg.speculative)
         capacity = kv_capacity_tokens(step, bk, context_hint=cfg.isl + cfg.osl,
                                       draft_model=cfg.speculative is not None
-                                      and cfg.speculative.method != SpeculativeMethod.NGRAM)
+                                      and cfg.speculative.loads_draft)
         # attention-DP ranks step together (one engine); each rank has its own budget,
         # request limit and KV cache, so the engine's limits scale with dp
         dp = pool.plan.dp

@@ -175,7 +175,7 @@ def evaluate_layout(space: SearchSpace, layout: Layout) -> list[Candidate]:
     for c in space.concurrencies:
         cand = Candidate(layout.label(), layout.mode, layout.gpus, c)
         backend = load_backend(space.backend, space.backend_version,
-                               system=load_system(space.system), tp=layout.plan.tp * layout.plan.dp,
+                               system=load_system(space.system), tp=layout.plan.devices_per_stage,
                                pp=layout.plan.pp).with_overheads(**dict(space.overheads))
         cfg = ServeConfig(model=model, system=space.system, backend=backend,
                           backend_version=space.backend_version, mode=layout.mode,

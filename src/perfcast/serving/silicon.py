@@ -26,7 +26,8 @@ import yaml
 from perfcast.core.errors import ConfigError, PerfcastError
 from perfcast.hardware import System, load_system
 from perfcast.serving.backends import load_backend
-from perfcast.serving.deploy import Pool, ServeConfig, StepModelCache, run_serving
+from perfcast.serving.deploy import (Pool, ServeConfig, StepModelCache, reserved_memory_facts,
+                                     run_serving)
 from perfcast.serving.silicon_bounds import above_compute_bound, below_memory_bound
 from perfcast.serving.silicon_recipes import (disagg_recipe, graphs_up_to, harness_recipe,
                                               launch_settings)
@@ -308,7 +309,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         raise RowError("concurrency is zero")
     lead = decode_pool or pool   # the pool whose steps set TPOT
     try:
-        backend = load_backend(name, version, system=system, tp=lead.plan.tp * lead.plan.dp,
+        backend = load_backend(name, version, system=system, tp=lead.plan.devices_per_stage,
                                pp=lead.plan.pp)
     except ConfigError as exc:
         raise RowError(str(exc)) from None
@@ -316,7 +317,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
         backend = backend.with_overheads(**overheads[name])
     if backend.version_note:
         notes.append(backend.version_note)
-    per_engine = max(1, conc // max(1, (decode_pool or pool).workers * (decode_pool or pool).plan.dp))
+    per_engine = max(1, conc // max(1, lead.workers * lead.plan.dp))
     budget_rule = harness.get("token_budget", {}).get(name)
     label = (row.get("precision") or "").strip()
     # model_recipes are single-node launch scripts of aggregated serving; disagg rows
@@ -369,14 +370,12 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     for role, bk, p in roles:
         rule = bk.kv_cache.reserved_memory
         if rule is not None:
-            gib = system.device.memory.capacity_bytes / 2**30
-            facts = dict(memory_gib=gib, chunk_tokens=bk.scheduler.token_budget,
-                         graph_max_batch=bk.cuda_graph.max_batch,
-                         stage_gpus=p.plan.tp * p.plan.dp, pp=p.plan.pp, dp=p.plan.dp)
+            facts = reserved_memory_facts(bk, system, p.plan)
             notes.append(f"{role + ' ' if role else ''}memory fraction {rule.fraction(**facts)}: "
                          f"no launch setting, so {name}'s own rule "
                          f"({bk.version_range or 'backend file'}) holds back "
-                         f"{rule.reserved_mib(**facts) / 1024:.1f} of {gib:.0f} GiB")
+                         f"{rule.reserved_mib(**facts) / 1024:.1f} of "
+                         f"{facts['memory_gib']:.0f} GiB")
     cfg = ServeConfig(model=model, system=system, backend=backend, backend_version=version,
                       precision=precision, mode=mode, pool=pool, decode_pool=decode_pool,
                       decode_max_running_requests=decode_slots, decode_backend=decode_backend,

@@ -142,6 +142,12 @@ class SpeculativeConfig:
                               field="draft_model", expected="eagle or eagle3")
 
     @property
+    def loads_draft(self) -> bool:
+        """Whether the engine holds a draft model or MTP layers (n-gram drafting has
+        none), which an engine's own memory rule reserves room for."""
+        return self.method != SpeculativeMethod.NGRAM
+
+    @property
     def accepted_tokens(self) -> float:
         """Mean accepted draft tokens per verify step."""
         acc = self.acceptance
