@@ -480,3 +480,72 @@ def test_sglang_rows_keep_the_launch_fraction_else_the_engine_derives_it():
         stage_gpus=2, pp=1, dp=1) == round(1 - (512 + 24576 + 512 + 256) / 81920, 3)
     assert "memory fraction 0.684: no launch setting, so sglang's own rule (>=0.5.3) holds " \
            "back 25.2 of 80 GiB" in notes
+
+
+def _harness_file(tmp_path, text: str) -> Path:
+    path = tmp_path / "harness.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_harness_file_states_the_client_of_every_row(tmp_path):
+    """`--harness`: fixed lengths and 4 requests per client instead of the rules' sampled
+    lengths and 10 per client; with fixed lengths the clients' seed has nothing to draw."""
+    from perfcast.serving.silicon import load_harness, rules_with_harness
+
+    harness = load_harness(_harness_file(
+        tmp_path, "source: the client's launch script\nrange_ratio: 1.0\n"
+                  "prompts_per_concurrency: 4\n"))
+    row = dict(read_rows(FIXTURE)[0], mode="agg", isl="512", osl="64", batch_size="8",
+               tp_size="1", pp_size="1", attention_dp_size="1", moe_tp_size="",
+               moe_ep_size="1", silicon_data_source="silicon_concurrency=8")
+    rules = load_rules()
+    models = ModelResolver(None, rules)
+    default, _ = row_config(row, models, rules)
+    fixed, _ = row_config(row, models, rules_with_harness(rules, harness))
+    assert (default.range_ratio, default.num_requests) == (0.8, 80)
+    assert (fixed.range_ratio, fixed.num_requests) == (1.0, 32)
+    assert load_rules()["harness"]["range_ratio"] == 0.8   # the rules are not changed
+    a, b = validate_rows([row], harness=harness), validate_rows([row], harness=harness, seed=1)
+    assert a[0].predicted and a[0].pred_ttft_ms == b[0].pred_ttft_ms
+    assert a[0].pred_tpot_ms == b[0].pred_tpot_ms
+    assert any("prompts_per_concurrency 4, range_ratio 1.0 (the client's launch script)" in n
+               for n in a[0].assumptions)
+    sampled = validate_rows([row])[0]
+    assert sampled.pred_ttft_ms != a[0].pred_ttft_ms
+
+
+@pytest.mark.parametrize("text, match", [
+    ("range_ratio: 1.0\n", "field 'source': missing"),
+    ("source: s\nwarmup: 2\n", "field 'warmup': unknown setting"),
+    ("source: s\nrange_ratio: 0\n", "field 'range_ratio': bad value 0"),
+    ("source: s\nprompts_per_concurrency: 2.5\n", "field 'prompts_per_concurrency': bad value"),
+    ("source: s\n", "states no client setting"),
+    ("- range_ratio\n", "must be a mapping"),
+])
+def test_a_bad_harness_file_names_the_file_and_the_field(tmp_path, text, match):
+    from perfcast.core.errors import ConfigError
+    from perfcast.serving.silicon import load_harness
+
+    path = _harness_file(tmp_path, text)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_harness(path)
+    assert str(path) in str(err.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_harness(tmp_path / "missing.yaml")
+
+
+def test_cli_json_names_the_harness_it_applied(tmp_path):
+    path = _harness_file(tmp_path, "source: aiperf launch\nrange_ratio: 1.0\n")
+    docs = []
+    for extra in ([], ["--harness", str(path)]):
+        out = tmp_path / f"v{len(docs)}.json"
+        res = CliRunner().invoke(app, ["validate", "silicon", str(FIXTURE), "--format", "json",
+                                       "--workers", "1", "-o", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        docs.append(json.loads(out.read_text()))
+    assert docs[0]["harness"] == "rules"
+    assert docs[1]["harness"] == {"source": "aiperf launch", "range_ratio": 1.0}
+    bad = _harness_file(tmp_path, "source: s\nrange_ratio: 2\n")
+    res = CliRunner().invoke(app, ["validate", "silicon", str(FIXTURE), "--harness", str(bad)])
+    assert res.exit_code != 0 and "range_ratio" in res.output

@@ -73,6 +73,8 @@ class ValidateArgs:
     statistic: str = "mean"
     calibration: str = "default"
     stack: str = "auto"
+    # a harness YAML file: the benchmark client of the file's rows (`load_harness`)
+    harness: Optional[str] = None
     # local processes that simulate the rows (0: one per CPU, 1: this process)
     workers: int = 1
 
@@ -104,6 +106,7 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
     # a row's default id is its position in the file, whichever task simulates it
     rows = [r if "id" in r else {**r, "id": f"row{i + 1}"} for i, r in enumerate(rows)]
     revision = load_calibration(a.calibration)   # an unknown revision fails here, once
+    harness = _harness(a)                          # and a bad harness file
     groups = deployment_groups(rows)
     n = a.workers or (os.cpu_count() or 1)
     n = min(n, len(groups))
@@ -129,8 +132,18 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
                 results[j] = res
     doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
            "summary_by_mode": summarize_by_mode(results),
-           "calibration": revision.digest if revision else "none", "stack": a.stack}
+           "calibration": revision.digest if revision else "none", "stack": a.stack,
+           "harness": harness or "rules"}
     return doc, results
+
+
+def _harness(a: ValidateArgs) -> dict | None:
+    """The client settings of `a.harness` (None: the rules' harness)."""
+    if not a.harness:
+        return None
+    from perfcast.serving.silicon import load_harness
+
+    return load_harness(Path(a.harness))
 
 
 def deployment_groups(rows: list[dict]) -> list[list[int]]:
@@ -180,7 +193,7 @@ def _validate_inputs(a: ValidateArgs, revision) -> dict:
     return {"configs_dir": Path(a.model_configs) if a.model_configs else None,
             "evidence_for": evidence_for, "statistic": a.statistic,
             "overheads": all_overheads(revision), "analytic_for": analytic_for(revision),
-            "stack": a.stack, "cache": StepModelCache()}
+            "stack": a.stack, "cache": StepModelCache(), "harness": _harness(a)}
 
 
 def _validate_task(task: tuple[ValidateArgs, list[dict]]) -> list:
@@ -244,6 +257,10 @@ def silicon_command(
     workers: Annotated[int, typer.Option(
         "--workers", help="local processes simulating the rows, one deployment (system, "
         "backend, version) at a time (0: one per CPU; 1: this process)")] = 0,
+    harness: Annotated[Optional[Path], typer.Option(
+        "--harness", help="YAML describing the benchmark client of the file's rows when it "
+        "is not the built-in harness: source (required), range_ratio, "
+        "prompts_per_concurrency; applied to every row alike")] = None,
 ) -> None:
     """Simulate every row and print predicted vs measured TTFT/TPOT, MAPE and coverage."""
     with user_errors():
@@ -253,7 +270,8 @@ def silicon_command(
                             evidence_versions=evidence_versions,
                             model_configs=str(model_configs) if model_configs else None,
                             mode=mode, statistic=statistic, calibration=calibration,
-                            stack=stack, workers=workers)
+                            stack=stack, workers=workers,
+                            harness=str(harness) if harness else None)
         rows = silicon_rows(args)
         with progress_bar("simulating rows", len(rows)) as advance:
             doc, results = run_validate(args, rows, progress=advance)

@@ -47,6 +47,68 @@ def load_rules() -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+# The client settings a `--harness` file may state, with their checks: the benchmark
+# client of the file's rows when it is not the harness `silicon_rules.yaml` describes.
+HARNESS_CLIENT_KEYS = {
+    "prompts_per_concurrency": ("an integer >= 1: requests sent per client",
+                                lambda v: isinstance(v, int) and not isinstance(v, bool)
+                                and v >= 1),
+    "range_ratio": ("a number in (0, 1]: shortest sampled length / the row's isl and osl "
+                    "(1: fixed lengths)",
+                    lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and 0 < v <= 1),
+}
+
+
+def load_harness(path: Path) -> dict:
+    """The client settings of a harness file (YAML): `source` (where the description of
+    the benchmark client comes from; required) and any of `HARNESS_CLIENT_KEYS`. They
+    replace the rules' harness settings for every row of one validation alike."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("does not exist" if not path.exists() else "is not a file",
+                          source=str(path), expected="a harness YAML file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", source=str(path)) from None
+    if not isinstance(doc, dict):
+        raise ConfigError("must be a mapping", source=str(path),
+                          expected="source and client settings")
+    allowed = ", ".join(["source", *HARNESS_CLIENT_KEYS])
+    for key, value in doc.items():
+        if key == "source":
+            continue
+        if key not in HARNESS_CLIENT_KEYS:
+            raise ConfigError("unknown setting", source=str(path), field=str(key),
+                              expected=allowed)
+        what, ok = HARNESS_CLIENT_KEYS[key]
+        if not ok(value):
+            raise ConfigError(f"bad value {value!r}", source=str(path), field=key,
+                              expected=what)
+    source = doc.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError("missing", source=str(path), field="source",
+                          expected="where the description of the benchmark client comes from")
+    if len(doc) == 1:
+        raise ConfigError("states no client setting", source=str(path), expected=allowed)
+    return dict(doc)
+
+
+def rules_with_harness(rules: dict, harness: dict | None) -> dict:
+    """`rules` with a harness file's client settings in place of the rules' own."""
+    if not harness:
+        return rules
+    client = {k: v for k, v in harness.items() if k in HARNESS_CLIENT_KEYS}
+    return {**rules, "harness": {**rules["harness"], **client}}
+
+
+def harness_note(harness: dict) -> str:
+    """The per-row assumption of a `--harness` file's settings."""
+    settings = ", ".join(f"{k} {harness[k]}" for k in HARNESS_CLIENT_KEYS if k in harness)
+    return f"benchmark client from the harness file: {settings} ({harness['source']})"
+
+
 @dataclass
 class RowResult:
     row_id: str
@@ -460,7 +522,7 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
                   overheads: dict | None = None, statistic: str = "mean",
                   seed: int = 0, cache: StepModelCache | None = None,
                   analytic_for: Callable[[str], Sequence] | None = None,
-                  stack: str = "auto") -> list[RowResult]:
+                  stack: str = "auto", harness: dict | None = None) -> list[RowResult]:
     """Simulate each row. `evidence_for(system, backend, version)` returns the measured
     evidence of a deployment (`serving.evidence.DeploymentEvidence`; None: analytic only).
     `overheads` ({backend: {field: seconds}}) replaces backend overheads (for sweeps).
@@ -470,7 +532,8 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
     `analytic_for(system)`: calibrated analytic providers asked after the measured ones
     and before the physics-only models (the same objects on every call, so cached
     costs stay valid). `stack`: the operator stack of every row's step graphs
-    (`ServeConfig.stack`; `auto`: from each row's device vendor)."""
+    (`ServeConfig.stack`; `auto`: from each row's device vendor). `harness`: client
+    settings (`load_harness`) that replace the rules' for every row."""
     if statistic not in ("mean", "p50"):
         raise ConfigError(f"unknown statistic {statistic!r}", field="--statistic",
                           expected="mean | p50")
@@ -478,12 +541,12 @@ def validate_rows(rows: Sequence[dict], *, configs_dir: Path | None = None,
     with long_run_gc():
         return _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statistic,
                               seed, cache if cache is not None else StepModelCache(),
-                              analytic_for, stack)
+                              analytic_for, stack, harness)
 
 
 def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statistic, seed,
-                   cache, analytic_for, stack) -> list[RowResult]:
-    rules = load_rules()
+                   cache, analytic_for, stack, harness) -> list[RowResult]:
+    rules = rules_with_harness(load_rules(), harness)
     models = ModelResolver(configs_dir, rules)
     out: list[RowResult] = []
     for i, row in enumerate(rows):
@@ -504,7 +567,7 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
             if seed:
                 cfg = replace(cfg, seed=seed)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
-            res.assumptions = notes
+            res.assumptions = notes + ([harness_note(harness)] if harness else [])
             contradiction = (below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
                              or above_compute_bound(cfg, res.measured_ttft_ms,
                                                     res.measured_tpot_ms))
