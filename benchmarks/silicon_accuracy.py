@@ -24,8 +24,15 @@ MAPE and median APE, physics only (`none`) and with the shipped revision (`defau
 No number is fitted on disagg rows: the shipped revision's overheads were fitted on agg
 rows only, so every disagg figure is held out.
 
+Last, the disaggregated handoff (`perfcast.calibrate.disagg_handoff`) fitted after the
+new revision's overheads on the disagg rows with worker counts: TTFT and TPOT MAPE per
+system without it, in sample and held out per CV scheme (the shipped revision has no
+handoff: docs/calibration.md).
+
     python benchmarks/silicon_accuracy.py --quick FILE.csv   # one file, default revision
     python benchmarks/silicon_accuracy.py --disagg-only      # only the disagg section
+    python benchmarks/silicon_accuracy.py --handoff-only     # only the handoff fit, after
+                                                             # the shipped revision
 """
 
 from __future__ import annotations
@@ -124,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", default=None, help="only validate this CSV with the shipped "
                     "default revision (no fit)")
     ap.add_argument("--disagg-only", action="store_true", help="only the disagg section")
+    ap.add_argument("--handoff-only", action="store_true", help="only the disagg handoff fit "
+                    "(after the shipped revision's overheads)")
     args = ap.parse_args(argv)
     if args.analytic == "none":
         args.analytic = None
@@ -141,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"systems": args.systems, "disagg": disagg},
                                                   indent=1), encoding="utf-8")
+        return 0
+
+    if args.handoff_only:
+        from perfcast.calibrate.store import default_revision
+        from perfcast.observe.silicon import import_silicon
+        sets = [import_silicon(REF / "silicon" / f"{s}.csv") for s in args.systems]
+        cv = [g for g in args.cv if g != "system" or len(args.systems) > 1]
+        handoff = handoff_section(sets, default_revision(), cv, evidence_root, configs)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"systems": args.systems,
+                                                   "handoff": handoff}, indent=1),
+                                       encoding="utf-8")
         return 0
 
     from perfcast.calibrate.fit_serving import fit_serving_revision
@@ -208,12 +229,62 @@ def main(argv: list[str] | None = None) -> int:
     if args.revision_out:
         Path(args.revision_out).write_text(dumps(rev), encoding="utf-8")
     disagg = disagg_section(args.systems, evidence_root, configs)
+    handoff = handoff_section(sets, rev, cv, evidence_root, configs)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "revision": rev.digest, "fit_seconds": fit_s, "systems": args.systems,
             "columns": {c: {"|".join(k): v for k, v in g.items()} for c, g in columns.items()},
-            "disagg": disagg}, indent=1), encoding="utf-8")
+            "disagg": disagg, "handoff": handoff}, indent=1), encoding="utf-8")
     return 0
+
+
+def handoff_section(sets, rev, cv: list[str], evidence_root: Path | None, configs: Path
+                    ) -> dict | None:
+    """The disaggregated handoff (`perfcast.calibrate.disagg_handoff`) fitted after the
+    overheads of `rev` on the disagg rows with worker counts: its values, and TTFT/TPOT
+    scores per system without it, in sample and held out per CV scheme."""
+    from perfcast.calibrate.fit_serving import fit_handoff_after
+    from perfcast.calibrate.serving import scores
+
+    t0 = time.perf_counter()
+    out = fit_handoff_after(sets, rev, {"observation_sets": [o.digest for o in sets]},
+                            cv=cv, evidence_root=evidence_root, model_configs=configs,
+                            progress=lambda m: print(m, file=sys.stderr))
+    if out is None:
+        print("== disagg handoff: too few modelled disagg rows with worker counts")
+        return None
+    data, res = out["data"], out["fit"]
+    usable = data.usable
+    systems = np.array([(r.get("system") or "").strip() for r in data.rows], dtype=object)
+    columns = {"without": (data.base_ttft, data.base_tpot),
+               "in-sample": out["predictions"]}
+    for scheme in out["schemes"]:
+        preds = scheme["predictions"]
+        columns[f"held-out {scheme['group_by']}"] = (preds["ttft"], preds["tpot"])
+    table: dict[str, dict] = {}
+    print("== disagg handoff fitted after the overheads (rows with worker counts): TTFT / "
+          "TPOT MAPE per system")
+    names = sorted(set(systems[usable])) + ["*"]
+    print(f"{'column':22s}" + "".join(f" | {n:^24s}" for n in names))
+    for label, (t, p) in columns.items():
+        row = {}
+        for n in names:
+            m = usable & np.isfinite(t) & ((systems == n) if n != "*" else True)
+            row[n] = scores(t[m], p[m], data.measured_ttft[m], data.measured_tpot[m])
+        table[label] = row
+        print(f"{label:22s}" + "".join(
+            f" | {row[n]['rows']:3d} rows {_pct(row[n]['ttft_mape']):>6s} / "
+            f"{_pct(row[n]['tpot_mape']):>6s}" for n in names))
+    for scheme in out["schemes"]:
+        for f in scheme["refused"]:
+            print(f"  {scheme['group_by']} fold {f['group']} refused: {f['reason']} "
+                  f"({f['rows']} held out, {f['train_rows']} training)")
+    fitted = {n: (round(v), None if res.std[n] is None else round(res.std[n]))
+              for n, v in res.theta.items()}
+    print(f"  handoff (us, +- 1 sigma): {fitted}; backends with rows: {res.backends_fitted}")
+    print(f"== disagg handoff section: {time.perf_counter() - t0:.0f} s")
+    return {"parameters": fitted, "scores": table,
+            "refused": {s["group_by"]: s["refused"] for s in out["schemes"]}}
 
 
 def disagg_section(systems: list[str], evidence_root: Path | None, configs: Path) -> dict:

@@ -98,3 +98,17 @@ def test_fit_progress_moves_the_bar_on_passes_and_prints_phases():
     _report("fold model=x: fitted on 40 rows", console, lambda d, t: moves.append((d, t)))
     assert moves == [(3, 12)]
     assert "fold model=x" in out.getvalue() and "passes" not in out.getvalue()
+
+
+def test_fit_with_disagg_handoff_says_when_there_are_too_few_disagg_rows(fitted, tmp_path):
+    """`--disagg-handoff` on agg rows only: the overheads are fitted, the handoff is not,
+    and the run says why (the handoff's own fit: tests/calibrate/test_disagg_handoff.py)."""
+    _, obs, _, digest = fitted
+    res = CliRunner().invoke(app, [
+        "calibrate", "fit", "--observations", digest[:16], "--observation-store", obs,
+        "--store", str(tmp_path / "cal"), "--model-configs", str(CONFIGS), "--cv", "model",
+        "--min-train-rows", "6", "--workers", "1", "--format", "json", "--disagg-handoff"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert "disagg_handoff" not in doc and "serving.trtllm.frontend_overhead_us" in doc["parameters"]
+    assert "disagg handoff not fitted: 0 disagg rows" in res.output + getattr(res, "stderr", "")

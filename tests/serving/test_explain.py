@@ -136,6 +136,30 @@ def test_a_full_decode_worker_delays_the_first_token_not_the_tpot():
     assert request_phases(r0, res.phases[0])["decode_queue"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_the_disagg_handoff_delays_the_decode_admission_not_the_tpot():
+    """The same two requests with a handoff H: each reaches the decode worker H later
+    than its cache, so R0's first token and its end move by H (TPOT unchanged), the
+    `handoff` phase holds H and the phases still add up to TTFT and e2e."""
+    xfer, handoff = 0.002, 0.150
+    runs = []
+    for h in (0.0, handoff):
+        client = OpenLoopClient(LengthDistribution(200, 11), 2, arrival_times_s=[0.0, 0.0])
+        prefill = engine(LinearCost(A, B), role="prefill", name="p0", explain=True)
+        decode = engine(LinearCost(2 * A, B), role="decode", name="d0", max_running=1,
+                        explain=True)
+        runs.append(simulate(client, [prefill], decode_engines=[decode],
+                             transfer_s=lambda r: xfer, num_gpus=2, handoff_s=h))
+    _check_additive(runs[1])
+    (a0, _), (b0, b1) = (sorted(r.finished, key=lambda q: q.rid) for r in runs)
+    assert b0.first_token_s == pytest.approx(a0.first_token_s + handoff)
+    assert b0.finish_s - b0.first_token_s == pytest.approx(a0.finish_s - a0.first_token_s)
+    ph = request_phases(b0, runs[1].phases[0])
+    assert ph["kv_transfer"] == pytest.approx(xfer)
+    assert ph["handoff"] == pytest.approx(handoff)
+    assert ph["decode_queue"] == pytest.approx(0.0, abs=1e-12)
+    assert request_phases(b1, runs[1].phases[1])["handoff"] == pytest.approx(handoff)
+
+
 def test_serve_explain_through_the_cli():
     args = ["serve", "Qwen/Qwen3-0.6B", "--concurrency", "4", "--isl", "256", "--osl", "32"]
     res = CliRunner().invoke(app, [*args, "--format", "json", "--explain"])

@@ -62,12 +62,16 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
                          mode: str | None = "agg", options: FitOptions = FitOptions(),
                          name: str = "serving", workers: int | None = None,
                          progress: Callable[[str], None] | None = None,
-                         analytic: CalibrationRevision | None = None
+                         analytic: CalibrationRevision | None = None,
+                         disagg_handoff: bool = False
                          ) -> tuple[CalibrationRevision, dict]:
     """Fit, cross-validate and return (revision, details). `details` carries the
     linearised data and the held-out predictions per CV scheme (for benchmarks).
     `analytic`: a revision whose efficiency curves the simulator uses while fitting; its
-    other parts join the new revision (they were fitted first, on kernel observations)."""
+    other parts join the new revision (they were fitted first, on kernel observations).
+    `disagg_handoff`: then fit the disaggregated handoff on the sets' disagg rows that
+    record their worker counts (`perfcast.calibrate.disagg_handoff`; skipped, with a
+    progress note, when they are too few); `details["handoff"]` has its data and CV."""
     import tempfile
 
     analytic_file = None
@@ -79,22 +83,27 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
     try:
         return _fit(observation_sets, evidence_root=evidence_root, model_configs=model_configs,
                     cv=cv, mode=mode, options=options, name=name, workers=workers,
-                    progress=progress, analytic=analytic, analytic_file=analytic_file)
+                    progress=progress, analytic=analytic, analytic_file=analytic_file,
+                    disagg_handoff=disagg_handoff)
     finally:
         if analytic_file is not None:
             analytic_file.unlink(missing_ok=True)
 
 
-def joined_parts(part, analytic: CalibrationRevision | None) -> tuple:
-    """The new part and the parts of `analytic` it does not replace (a whole revision,
-    e.g. the shipped one, may be given for its efficiency curves: its own fit of this
-    part is left out)."""
-    return (part, *(p for p in (analytic.parts if analytic is not None else ())
-                    if p.name != part.name))
+def joined_parts(part, analytic: CalibrationRevision | None, *new_parts) -> tuple:
+    """The new parts and the parts of `analytic` they do not replace (a whole revision,
+    e.g. the shipped one, may be given for its efficiency curves: its own fits of these
+    parts are left out, and so is its disagg handoff, fitted after overheads the new
+    revision replaces)."""
+    from perfcast.calibrate.disagg_handoff import PART_NAME as HANDOFF
+
+    names = {p.name for p in (part, *new_parts)} | {HANDOFF}
+    return (part, *new_parts, *(p for p in (analytic.parts if analytic is not None else ())
+                                if p.name not in names))
 
 
 def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, name, workers,
-         progress, analytic, analytic_file) -> tuple[CalibrationRevision, dict]:
+         progress, analytic, analytic_file, disagg_handoff) -> tuple[CalibrationRevision, dict]:
     rows = rows_of(observation_sets, mode=mode)
     if not rows:
         raise ConfigError("the observation sets hold no rows to fit", field="--observations",
@@ -117,5 +126,48 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
     part, result = fit_part(data, fitted_on=fitted_on, cv=schemes, options=options)
     rev = CalibrationRevision(name=name, code_version=code_version(),
                               parts=joined_parts(part, analytic))
-    return rev, {"data": data, "schemes": schemes, "fit": result,
-                 "usable": data.modelled & np.isfinite(data.measured_ttft)}
+    details = {"data": data, "schemes": schemes, "fit": result,
+               "usable": data.modelled & np.isfinite(data.measured_ttft)}
+    if disagg_handoff:
+        handoff = fit_handoff_after(observation_sets, rev, fitted_on, cv=cv,
+                               evidence_root=evidence_root, model_configs=model_configs,
+                               progress=progress)
+        if handoff is not None:
+            details["handoff"] = handoff
+            rev = CalibrationRevision(name=name, code_version=code_version(),
+                                      parts=joined_parts(part, analytic, handoff["part"]))
+    return rev, details
+
+
+def fit_handoff_after(observation_sets, rev: CalibrationRevision, fitted_on: dict, *, cv,
+                 evidence_root, model_configs, progress) -> dict | None:
+    """The disaggregated handoff fitted after the overheads of `rev` on the sets' disagg
+    rows that record their worker counts: {"part", "data", "schemes", "fit",
+    "predictions"}, or None when too few rows are modelled."""
+    from perfcast.calibrate import disagg_handoff as dh
+
+    rows = dh.with_worker_counts(rows_of(observation_sets, mode="disagg"))
+    options = dh.HandoffOptions()
+    if len(rows) < options.min_train_rows:
+        if progress:
+            progress(f"disagg handoff not fitted: {len(rows)} disagg rows record their "
+                     f"worker counts, a fit needs {options.min_train_rows}")
+        return None
+    simulate = dh.validate_simulator(revision=rev, configs_dir=model_configs,
+                                     evidence_root=evidence_root)
+    data = dh.base_rows(rows, simulate)
+    if int(data.usable.sum()) < options.min_train_rows:
+        if progress:
+            progress(f"disagg handoff not fitted: {int(data.usable.sum())} of {len(rows)} "
+                     f"disagg rows modelled, a fit needs {options.min_train_rows}")
+        return None
+    schemes = [dh.cross_validate(data, g, simulate, options) for g in cv]
+    part, result, predictions = dh.fit_part(
+        data, fitted_on={**fitted_on, "mode": "disagg", "after": "serving_overheads"},
+        cv=schemes, simulate=simulate, options=options)
+    if progress:
+        fitted = ", ".join(f"{b} {v / 1e3:.0f} ms" for b, v in result.per_backend().items()
+                           if b in result.backends_fitted)
+        progress(f"disagg handoff fitted on {result.rows} rows: {fitted}")
+    return {"part": part, "data": data, "schemes": schemes, "fit": result,
+            "predictions": predictions}

@@ -113,6 +113,17 @@ def campaign_of(row: dict) -> str:
     return (row.get("silicon_data_source") or "").split(";", 1)[0].strip() or "(none)"
 
 
+def row_groups(rows: Sequence[dict], key: str) -> list[str]:
+    """Each row's fold group by `key` (one of `GROUP_KEYS`)."""
+    if key not in GROUP_KEYS:
+        raise ConfigError(f"unknown fold grouping {key!r}", field="--cv",
+                          expected=" | ".join(GROUP_KEYS))
+    if key == "campaign":
+        return [campaign_of(r) for r in rows]
+    col = {"model": "model_path"}.get(key, key)
+    return [(r.get(col) or "").strip() for r in rows]
+
+
 # -- simulation in worker processes -----------------------------------------------------
 
 @dataclass(frozen=True)
@@ -279,13 +290,7 @@ class LinearisedRows:
         return np.isfinite(self.base_ttft) & np.isfinite(self.base_tpot)
 
     def groups(self, key: str) -> list[str]:
-        if key not in GROUP_KEYS:
-            raise ConfigError(f"unknown fold grouping {key!r}", field="--cv",
-                              expected=" | ".join(GROUP_KEYS))
-        if key == "campaign":
-            return [campaign_of(r) for r in self.rows]
-        col = {"model": "model_path"}.get(key, key)
-        return [(r.get(col) or "").strip() for r in self.rows]
+        return row_groups(self.rows, key)
 
     def predict(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         delta = theta - np.array([self.theta0[n] for n in self.names])
@@ -360,8 +365,8 @@ def linearise(rows: Sequence[dict], *, configs_dir: Path | None, evidence_root: 
                 name = parameter_name(r.get("backend", "").strip(), spec.field)
                 if name in col and not reasons[i]:
                     d_t[i, col[name]], d_p[i, col[name]] = _first_chunk_slopes(r, ratio)
-    meas_t = np.array([_measured(r, "silicon_ttft_ms") for r in rows])
-    meas_p = np.array([_measured(r, "silicon_tpot_ms") for r in rows])
+    meas_t = np.array([measured_value(r, "silicon_ttft_ms") for r in rows])
+    meas_p = np.array([measured_value(r, "silicon_tpot_ms") for r in rows])
     return LinearisedRows(rows, theta0, names, meas_t, meas_p, base_t, base_p, d_t, d_p,
                           reasons, time.perf_counter() - t0)
 
@@ -379,7 +384,8 @@ def _first_chunk_slopes(row: dict, ratio: float) -> tuple[float, float]:
     return 1e-3, (-1e-3 * float(np.mean(1.0 / (outs - 1))) if outs.size else 0.0)
 
 
-def _measured(row: dict, key: str) -> float:
+def measured_value(row: dict, key: str) -> float:
+    """A row's measured time (ms) in `key`; NaN when missing, unreadable or not > 0."""
     try:
         v = float(row.get(key) or "nan")
     except ValueError:

@@ -90,6 +90,10 @@ def fit_command(
     analytic: Annotated[Optional[str], typer.Option(
         "--analytic", help="a revision with efficiency curves (calibrate fit-kernels) that the "
         "simulator uses while fitting; its parts join the new revision")] = None,
+    disagg_handoff: Annotated[bool, typer.Option(
+        "--disagg-handoff/--no-disagg-handoff", help="then fit the disaggregated handoff "
+        "per engine on the sets' disagg rows that record their worker counts (skipped when "
+        "fewer than 10)")] = False,
     output_format: Annotated[Format, typer.Option("--format")] = Format.table,
 ) -> None:
     """Fit the serving overheads on observed deployments, cross-validated."""
@@ -109,7 +113,8 @@ def fit_command(
                 options=FitOptions(min_held_out_rows=min_fold_rows,
                                    min_train_rows=min_train_rows),
                 name=name, workers=workers or None,
-                progress=lambda msg: _report(msg, err, advance), analytic=curves)
+                progress=lambda msg: _report(msg, err, advance), analytic=curves,
+                disagg_handoff=disagg_handoff)
         CalibrationStore(store).put(rev)
         doc = fit_json(rev)
         if output_format is Format.json:
@@ -119,12 +124,21 @@ def fit_command(
 
 
 def fit_json(rev) -> dict:
+    from perfcast.calibrate.disagg_handoff import PART_NAME as HANDOFF
+
     part = rev.parts[0]
-    return {"revision": rev.digest, "name": rev.name, "code_version": rev.code_version,
+    doc = {"revision": rev.digest, "name": rev.name, "code_version": rev.code_version,
+           "parameters": {p.name: {"value": p.value, "std": p.std, "unit": p.unit}
+                          for p in part.parameters},
+           "fitted_on": plain(part.fitted_on),
+           "cv": rev.to_json()["parts"][0]["cv"]}
+    handoff = rev.part(HANDOFF)
+    if handoff is not None:
+        doc["disagg_handoff"] = {
             "parameters": {p.name: {"value": p.value, "std": p.std, "unit": p.unit}
-                           for p in part.parameters},
-            "fitted_on": plain(part.fitted_on),
-            "cv": rev.to_json()["parts"][0]["cv"]}
+                           for p in handoff.parameters},
+            "fitted_on": plain(handoff.fitted_on), "cv": plain(handoff.cv)}
+    return doc
 
 
 @app.command("fit-kernels", context_settings={"allow_extra_args": True})

@@ -25,19 +25,21 @@ def load(ref: str):
 def backend_overheads(revision, backend: str) -> dict[str, float]:
     """Fitted host overheads of `backend` (Overheads fields in seconds); {} when the
     revision has none for it."""
-    if revision is None:
-        return {}
-    from perfcast.calibrate.serving import PART_NAME, serving_overheads
-
-    return serving_overheads(revision.part(PART_NAME)).get(backend, {})
+    return all_overheads(revision).get(backend, {})
 
 
 def all_overheads(revision) -> dict[str, dict[str, float]]:
+    """{backend: {Overheads field (seconds): value}} of the revision's serving overheads
+    and, when it has one, its disaggregated handoff; {} without a revision."""
     if revision is None:
         return {}
+    from perfcast.calibrate.disagg_handoff import PART_NAME as HANDOFF
     from perfcast.calibrate.serving import PART_NAME, serving_overheads
 
-    return serving_overheads(revision.part(PART_NAME))
+    out = serving_overheads(revision.part(PART_NAME))
+    for backend, fields in serving_overheads(revision.part(HANDOFF)).items():
+        out.setdefault(backend, {}).update(fields)
+    return out
 
 
 def held_out_error(revision) -> dict | None:

@@ -191,6 +191,9 @@ class Overheads:
     frontend_overhead_s: float = 0.0
     first_chunk_overhead_s: float = 0.0
     frontend_request_service_s: float = 0.0
+    # disaggregated serving: from a prefill worker's end of a request to the decode
+    # worker taking it in, beyond moving the KV bytes (fitted: serving_disagg_handoff)
+    disagg_handoff_s: float = 0.0
     host_overlapped: bool = False
 
 

@@ -292,4 +292,5 @@ def run_serving(cfg: ServeConfig, *, evidence: Sequence[CostProvider] = (),
                     frontend_s=backend.overheads.frontend_overhead_s,
                     first_chunk_s=backend.overheads.first_chunk_overhead_s,
                     frontend_service_s=backend.overheads.frontend_request_service_s,
+                    handoff_s=backend.overheads.disagg_handoff_s,
                     num_gpus=cfg.pool.gpus + cfg.decode_pool.gpus, itl_summary=itl_summary)

@@ -11,6 +11,9 @@ TTFT and end-to-end latency split exactly into phases:
 * prefill: iterations that computed its prompt chunks (a chunk's whole iteration);
 * prefill_waits: between its first chunk and its first token, iterations without it;
 * kv_transfer: prefill -> decode worker KV move (disaggregated serving);
+* handoff: the rest of the prefill -> decode handoff (disaggregated serving: the
+  front-end's second dispatch, the transfer's setup and completion notice; the fitted
+  `disagg_handoff` of the calibration revision);
 * decode_queue: the cache has arrived, the decode worker has no free running slot yet
   (disaggregated serving: the client's tokens stream from the decode worker, so its
   first token waits for that slot);
@@ -21,7 +24,7 @@ TTFT and end-to-end latency split exactly into phases:
   prefill batches in prefill-first engines, preemption).
 
 TTFT = frontend + frontend_queue + queue + prefill + prefill_waits + kv_transfer +
-decode_queue + first_chunk; e2e = the same without first_chunk, plus decode +
+handoff + decode_queue + first_chunk; e2e = the same without first_chunk, plus decode +
 decode_waits.
 
 Busy time of the engines splits into compute kernels, communication (collective
@@ -37,9 +40,9 @@ import numpy as np
 from perfcast.serving.metrics import summary_ms
 
 TTFT_PHASES = ("frontend", "frontend_queue", "queue", "prefill", "prefill_waits",
-               "kv_transfer", "decode_queue", "first_chunk")
+               "kv_transfer", "handoff", "decode_queue", "first_chunk")
 E2E_PHASES = ("frontend", "frontend_queue", "queue", "prefill", "prefill_waits",
-              "kv_transfer", "decode_queue", "decode", "decode_waits")
+              "kv_transfer", "handoff", "decode_queue", "decode", "decode_waits")
 PHASES = (*TTFT_PHASES, "decode", "decode_waits")
 SPLIT = ("compute", "communication", "launch", "host")
 
@@ -48,7 +51,7 @@ class RequestPhases:
     """Times one request's engines recorded (seconds)."""
 
     __slots__ = ("seen_s", "first_chunk_start_s", "prefill_s", "prefill_end_s",
-                 "kv_arrival_s", "decode_join", "decode_s", "engine_first_s")
+                 "kv_arrival_s", "handoff_end_s", "decode_join", "decode_s", "engine_first_s")
 
     def __init__(self) -> None:
         self.seen_s = 0.0                  # the (front) engine received it
@@ -56,6 +59,7 @@ class RequestPhases:
         self.prefill_s = 0.0
         self.prefill_end_s: float | None = None   # its first token was computed
         self.kv_arrival_s: float | None = None    # its cache reached the decode worker
+        self.handoff_end_s: float | None = None   # the decode worker may take it in
         self.decode_join = 0.0
         self.decode_s = 0.0
         self.engine_first_s: float | None = None  # first token where it decodes
@@ -73,7 +77,8 @@ def request_phases(r, ph: RequestPhases) -> dict[str, float]:
         "prefill": ph.prefill_s,
         "prefill_waits": prefill_end - start - ph.prefill_s,
         "kv_transfer": ph.kv_arrival_s - prefill_end,
-        "decode_queue": base - ph.kv_arrival_s,
+        "handoff": ph.handoff_end_s - ph.kv_arrival_s,
+        "decode_queue": base - ph.handoff_end_s,
         "first_chunk": r.first_token_s - base,
         "decode": ph.decode_s,
         "decode_waits": r.finish_s - base - ph.decode_s,

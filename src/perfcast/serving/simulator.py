@@ -58,7 +58,7 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
              transfer_s: Callable[[Request], float] | None = None,
              kv_transfer: Callable[[Request, Engine, Engine, float], float] | None = None,
              frontend_s: float = 0.0, first_chunk_s: float = 0.0,
-             frontend_service_s: float = 0.0,
+             frontend_service_s: float = 0.0, handoff_s: float = 0.0,
              max_iterations: int = 50_000_000, itl_summary: bool = True) -> SimulationResult:
     """Run `client` against `engines` (agg), or against prefill `engines` feeding
     `decode_engines` (disagg) until every request has finished or been rejected.
@@ -73,7 +73,10 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
     order; the engine sees a request at max(arrival + frontend_s, end of its turn). At
     low load only its excess over `frontend_s` shows; bursts of arrivals and request
     rates near 1 / frontend_service_s queue there, in TTFT, with fewer requests in the
-    engine. `itl_summary=False`: the metrics' `itl_ms` is left empty (see
+    engine. `handoff_s` (disagg): from the prefill worker's end of a request to the decode
+    worker taking it in, beyond the cache's transfer (the front-end's second dispatch,
+    the transfer's setup and completion notice); it delays the decode worker's schedule
+    and so TTFT and e2e alike. `itl_summary=False`: the metrics' `itl_ms` is left empty (see
     `metrics.compute_metrics`)."""
     disagg = bool(decode_engines)
     front = _Router(engines)
@@ -114,10 +117,11 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
             else:
                 xfer = transfer_s(r) if transfer_s else 0.0
             r.transfer_s = xfer
-            arrive = ev.time_s + xfer
+            arrive = ev.time_s + xfer + handoff_s
             if phases is not None:
                 ph = phases[r.rid]
-                ph.prefill_end_s, ph.kv_arrival_s = ev.time_s, arrive
+                ph.prefill_end_s, ph.kv_arrival_s = ev.time_s, ev.time_s + xfer
+                ph.handoff_end_s = arrive
             # the client's tokens stream from the decode worker: the first one when that
             # worker takes the request in (Engine.join_decode), after the cache arrived
             # and a running slot was free
@@ -135,7 +139,8 @@ def simulate(client: Client, engines: Sequence[Engine], *, num_gpus: int,
         else:
             if phases is not None and phases[r.rid].engine_first_s is None:
                 ph = phases[r.rid]
-                ph.prefill_end_s = ph.kv_arrival_s = ph.engine_first_s = r.first_token_s
+                ph.prefill_end_s = ph.kv_arrival_s = ph.handoff_end_s = r.first_token_s
+                ph.engine_first_s = r.first_token_s
             if first_chunk_s and r.output_tokens > 1 and r.first_token_s is not None:
                 r.first_token_s = min(r.first_token_s + first_chunk_s, r.finish_s)
             finished.append(r)
