@@ -130,8 +130,8 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
                "usable": data.modelled & np.isfinite(data.measured_ttft)}
     if disagg_handoff:
         handoff = fit_handoff_after(observation_sets, rev, fitted_on, cv=cv,
-                               evidence_root=evidence_root, model_configs=model_configs,
-                               progress=progress)
+                                    evidence_root=evidence_root, model_configs=model_configs,
+                                    progress=progress)
         if handoff is not None:
             details["handoff"] = handoff
             rev = CalibrationRevision(name=name, code_version=code_version(),
@@ -140,7 +140,7 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
 
 
 def fit_handoff_after(observation_sets, rev: CalibrationRevision, fitted_on: dict, *, cv,
-                 evidence_root, model_configs, progress) -> dict | None:
+                      evidence_root, model_configs, progress) -> dict | None:
     """The disaggregated handoff fitted after the overheads of `rev` on the sets' disagg
     rows that record their worker counts: {"part", "data", "schemes", "fit",
     "predictions"}, or None when too few rows are modelled."""
