@@ -226,21 +226,14 @@ def validate_simulator(*, revision, configs_dir: Path | None, evidence_root: Pat
     overheads and analytic curves), the handoff given per backend."""
     from perfcast.calibrate.serving import PART_NAME as OVERHEADS
     from perfcast.calibrate.serving import serving_overheads
-    from perfcast.evidence.calibrated import calibrated_providers
-    from perfcast.hardware import load_system
+    from perfcast.evidence.calibrated import providers_by_system
     from perfcast.serving.deploy import StepModelCache
     from perfcast.serving.evidence import evidence_loader
     from perfcast.serving.silicon import validate_rows
 
     base = serving_overheads(revision.part(OVERHEADS)) if revision is not None else {}
     evidence_for = evidence_loader(evidence_root) if evidence_root else None
-    built: dict[str, list] = {}
-
-    def analytic(system: str) -> list:
-        if system not in built:
-            built[system] = calibrated_providers(load_system(system), revision)
-        return built[system]
-
+    analytic = providers_by_system(revision)
     cache = StepModelCache()
 
     def simulate(rows: list[dict], handoff_us: dict[str, float]):
@@ -249,7 +242,7 @@ def validate_simulator(*, revision, configs_dir: Path | None, evidence_root: Pat
             overheads.setdefault(b, {})[f"{FIELD}_s"] = us * 1e-6
         out = validate_rows(rows, configs_dir=configs_dir, evidence_for=evidence_for,
                             overheads=overheads, statistic=statistic, cache=cache,
-                            analytic_for=analytic if revision is not None else None)
+                            analytic_for=analytic)
         t = np.array([r.pred_ttft_ms if r.predicted else np.nan for r in out], dtype=float)
         p = np.array([r.pred_tpot_ms if r.predicted else np.nan for r in out], dtype=float)
         return t, p, [r.reason for r in out]

@@ -152,15 +152,8 @@ def _worker_tools(setup: SimulationSetup):
         analytic_for = None
         if setup.analytic_revision:
             from perfcast.calibrate.store import read_revision
-            from perfcast.evidence.calibrated import calibrated_providers
-            from perfcast.hardware import load_system
-            revision = read_revision(Path(setup.analytic_revision))
-            built: dict[str, list] = {}
-
-            def analytic_for(system: str) -> list:
-                if system not in built:
-                    built[system] = calibrated_providers(load_system(system), revision)
-                return built[system]
+            from perfcast.evidence.calibrated import providers_by_system
+            analytic_for = providers_by_system(read_revision(Path(setup.analytic_revision)))
         _WORKER_STATE.update(key=key, cache=StepModelCache(), evidence_for=evidence_for,
                              analytic_for=analytic_for)
     return _WORKER_STATE["cache"], _WORKER_STATE["evidence_for"], _WORKER_STATE["analytic_for"]

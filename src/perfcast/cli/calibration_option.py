@@ -68,16 +68,6 @@ def held_out_error(revision) -> dict | None:
 def analytic_for(revision):
     """system name -> the revision's calibrated analytic providers for it (built once per
     system, so cost caches keyed by provider stay valid); None without a revision."""
-    if revision is None:
-        return None
-    from perfcast.evidence.calibrated import calibrated_providers
-    from perfcast.hardware import load_system
+    from perfcast.evidence.calibrated import providers_by_system
 
-    built: dict[str, list] = {}
-
-    def providers(system: str) -> list:
-        if system not in built:
-            built[system] = calibrated_providers(load_system(system), revision)
-        return built[system]
-
-    return providers
+    return providers_by_system(revision)

@@ -335,3 +335,21 @@ def calibrated_providers(system: System, revision) -> list:
                         and system.name not in part.fitted_on.get("transfers", {})):
         return []
     return [CalibratedAnalyticProvider(system, part, revision.digest)]
+
+
+def providers_by_system(revision):
+    """system name -> `calibrated_providers` of `revision` for it, built once per system
+    (the same objects on every call, so cost caches keyed by provider stay valid); None
+    without a revision."""
+    if revision is None:
+        return None
+    from perfcast.hardware import load_system
+
+    built: dict[str, list] = {}
+
+    def providers(system: str) -> list:
+        if system not in built:
+            built[system] = calibrated_providers(load_system(system), revision)
+        return built[system]
+
+    return providers
