@@ -268,6 +268,22 @@ def test_version_policies_set_and_family(tmp_path):
         evidence_loader(tmp_path, versions="newest")
 
 
+def test_a_deployment_without_tables_says_the_analytic_models_price_it(tmp_path):
+    import shutil
+
+    nothing = evidence_loader(ROOT)("b200_sxm", "vllm", "0.19.0")
+    assert nothing.providers == ()
+    assert nothing.note.startswith("no measured vllm kernel tables for b200_sxm under the "
+                                   "evidence root (none at all)")
+    assert "roofline" in nothing.note
+    # MoE tables without GEMM ones are not a deployment's evidence either
+    shutil.copytree(ROOT / "h100_sxm" / "moe" / "vllm" / "0.24.0",
+                    tmp_path / "h100_sxm" / "moe" / "vllm" / "0.24.0")
+    partial = evidence_loader(tmp_path)("h100_sxm", "vllm", "0.24.0")
+    assert partial.providers == ()
+    assert "(tables of moe but no gemm, which every deployment needs)" in partial.note
+
+
 def test_serve_refuses_an_unknown_version_policy():
     from typer.testing import CliRunner
 

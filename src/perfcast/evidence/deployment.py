@@ -83,6 +83,15 @@ class DeploymentEvidence:
 EMPTY = DeploymentEvidence((), CostQueryContext(), "")
 
 
+def no_tables(system: str, backend: str, why: str) -> DeploymentEvidence:
+    """No measured evidence for the deployment; the note says so, and what prices its
+    kernels instead."""
+    return DeploymentEvidence((), CostQueryContext(), "", note=(
+        f"no measured {backend} kernel tables for {system} under the evidence root ({why}): "
+        "every kernel priced by the analytic models (calibrated curves where the revision "
+        "has them for this system, else the roofline and collective models)"))
+
+
 VERSION_POLICIES = ("set", "family")
 
 
@@ -140,14 +149,17 @@ def evidence_loader(root: Path, *, graph_max_tokens: Callable[[str], int],
         if key not in cache:
             available = family_versions(root, system, backend)
             if ANCHOR_FAMILY not in available:
-                cache[key] = EMPTY
-                return EMPTY
+                cache[key] = no_tables(system, backend, "none at all" if not available else
+                                       f"tables of {', '.join(sorted(available))} but no "
+                                       f"{ANCHOR_FAMILY}, which every deployment needs")
+                return cache[key]
             selection = _selection(available, version,
                                    lambda f, v: read(system, f, backend, v), versions,
                                    pairs(system, backend), at_most(system, backend))
             if not selection:
-                cache[key] = EMPTY
-                return EMPTY
+                cache[key] = no_tables(system, backend,
+                                       f"no readable {ANCHOR_FAMILY} version")
+                return cache[key]
             if (backend, selection) not in tables:
                 tables[(backend, selection)] = _measured(
                     _import(root, system, backend, selection,
