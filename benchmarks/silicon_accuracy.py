@@ -114,6 +114,32 @@ def print_table(title: str, columns: dict[str, dict[tuple, dict]]) -> None:
         print(line)
 
 
+def band_section(rev) -> None:
+    """The revision's prediction error bands (held-out ratio quantiles) and the share of
+    held-out measurements inside the p10-p90 band (each group's band from the others)."""
+    from perfcast.calibrate.prediction_error import METRICS, PART_NAME, POINTS, parameter_name
+
+    part = rev.part(PART_NAME)
+    if part is None:
+        print("== no prediction error bands in the revision")
+        return
+    cov, levels = part.cv["coverage"], part.procedure["levels"]
+    print(f"== prediction error bands: percentiles of measured / predicted over the leave "
+          f"one {part.procedure['scheme']} out predictions (TTFT "
+          f"{'/'.join(f'{v:g}' for v in levels['ttft'])}, TPOT "
+          f"{'/'.join(f'{v:g}' for v in levels['tpot'])}); the band, each group's from the "
+          f"other groups, holds TTFT {100 * cov['ttft']:.1f}% / TPOT "
+          f"{100 * cov['tpot']:.1f}% of {cov['rows']} held-out rows")
+    values = part.values()
+    for name in sorted({n.split(".")[1] for n in values}):
+        cells = []
+        for m in METRICS:
+            qs = [values.get(parameter_name(name, m, q)) for q in POINTS]
+            if None not in qs:
+                cells.append(f"{m.upper()} " + " / ".join(f"{v:.2f}" for v in qs))
+        print(f"  {name:8s} " + "   ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--systems", nargs="+", default=["h100_sxm", "h200_sxm"])
@@ -225,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     for prm in rev.parts[0].parameters:
         std = "-" if prm.std is None else f"{prm.std:.3g}"
         print(f"  {prm.name:46s} {prm.value:12.4g} +- {std} {prm.unit}")
+    band_section(rev)
     print(f"== fit with {len(cv)} CV schemes: {fit_s:.0f} s; everything: {total_s:.0f} s")
     if args.revision_out:
         Path(args.revision_out).write_text(dumps(rev), encoding="utf-8")

@@ -93,11 +93,12 @@ def fit_serving_revision(observation_sets: Sequence, *, evidence_root: Path | No
 def joined_parts(part, analytic: CalibrationRevision | None, *new_parts) -> tuple:
     """The new parts and the parts of `analytic` they do not replace (a whole revision,
     e.g. the shipped one, may be given for its efficiency curves: its own fits of these
-    parts are left out, and so is its disagg handoff, fitted after overheads the new
-    revision replaces)."""
+    parts are left out, and so are its disagg handoff and prediction error bands, fitted
+    after overheads the new revision replaces)."""
     from perfcast.calibrate.disagg_handoff import PART_NAME as HANDOFF
+    from perfcast.calibrate.prediction_error import PART_NAME as BANDS
 
-    names = {p.name for p in (part, *new_parts)} | {HANDOFF}
+    names = {p.name for p in (part, *new_parts)} | {HANDOFF, BANDS}
     return (part, *new_parts, *(p for p in (analytic.parts if analytic is not None else ())
                                 if p.name not in names))
 
@@ -124,8 +125,10 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
                  "mode": mode or "all",
                  "analytic_revision": analytic.digest if analytic is not None else "none"}
     part, result = fit_part(data, fitted_on=fitted_on, cv=schemes, options=options)
+    band = band_part(data, schemes, fitted_on, progress)
+    extra = (band,) if band is not None else ()
     rev = CalibrationRevision(name=name, code_version=code_version(),
-                              parts=joined_parts(part, analytic))
+                              parts=joined_parts(part, analytic, *extra))
     details = {"data": data, "schemes": schemes, "fit": result,
                "usable": data.modelled & np.isfinite(data.measured_ttft)}
     if disagg_handoff:
@@ -135,8 +138,36 @@ def _fit(observation_sets, *, evidence_root, model_configs, cv, mode, options, n
         if handoff is not None:
             details["handoff"] = handoff
             rev = CalibrationRevision(name=name, code_version=code_version(),
-                                      parts=joined_parts(part, analytic, handoff["part"]))
+                                      parts=joined_parts(part, analytic, *extra,
+                                                         handoff["part"]))
     return rev, details
+
+
+def band_part(data, schemes: Sequence[dict], fitted_on: dict, progress=None):
+    """The prediction-error part (`perfcast.calibrate.prediction_error`) from the
+    leave-one-model-out scheme, else the first one; None without a scheme or with too
+    few held-out rows."""
+    from perfcast.calibrate import prediction_error as pe
+
+    if not schemes:
+        return None
+    scheme = next((s for s in schemes if s["group_by"] == "model"), schemes[0])
+    usable = data.modelled & np.isfinite(data.measured_ttft) & np.isfinite(data.measured_tpot)
+    try:
+        part = pe.fit_part(data.rows, scheme, data.measured_ttft, data.measured_tpot, usable,
+                           fitted_on={**fitted_on, "after": "serving_overheads"})
+    except ConfigError as exc:
+        if progress:
+            progress(f"prediction error bands not fitted: {exc}")
+        return None
+    if progress:
+        cov, levels = part.cv["coverage"], part.procedure["levels"]
+        progress(f"prediction error bands from leave one {scheme['group_by']} out "
+                 f"(percentiles TTFT {levels['ttft'][0]:g}-{levels['ttft'][2]:g}, TPOT "
+                 f"{levels['tpot'][0]:g}-{levels['tpot'][2]:g}): they hold {cov['ttft']:.0%} "
+                 f"of TTFT and {cov['tpot']:.0%} of TPOT measurements held out by "
+                 f"{scheme['group_by']}")
+    return part
 
 
 def fit_handoff_after(observation_sets, rev: CalibrationRevision, fitted_on: dict, *, cv,

@@ -212,6 +212,7 @@ class ServeArgs:
 def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     """(the `perfcast serve --format json` document, the ServingResult) of `a`;
     `note(text)` receives the model's and the evidence's notes."""
+    from perfcast.calibrate.prediction_error import band_json, prediction_band
     from perfcast.hardware import load_system
     from perfcast.serving.backends import defaults_json, load_backend
     from perfcast.serving.deploy import Pool, ServeConfig, run_serving
@@ -293,6 +294,8 @@ def run_serve(a: ServeArgs, note=lambda text: None, record_trace: bool = False):
     metrics["pipeline"] = pipeline_report(result.engines)   # None unless pp > 1
     metrics["calibration"] = revision.digest if revision is not None else "none"
     metrics["calibration_held_out_error"] = held_out_error(revision)
+    metrics["prediction_band"] = band_json(prediction_band(revision, bk.name),
+                                           metrics["ttft_ms"]["mean"], metrics["tpot_ms"]["mean"])
     metrics["inputs"] = {
         "model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
         "device": system.name, "system_digest": system.digest,
@@ -646,6 +649,12 @@ def _print_table(metrics: dict, console) -> None:
     for scheme, err in (metrics.get("calibration_held_out_error") or {}).items():
         console.print(f"  held-out error ({scheme}): TTFT MAPE {100 * err['ttft_mape']:.1f}%, "
                       f"TPOT MAPE {100 * err['tpot_mape']:.1f}% over {err['rows']} rows")
+    band = metrics.get("prediction_band")
+    if band:
+        t, p = band["ttft_ms"], band["tpot_ms"]
+        console.print(f"  held-out error band of the mean: TTFT {t['low']:.1f}-{t['high']:.1f} "
+                      f"ms, TPOT {p['low']:.2f}-{p['high']:.2f} ms ({band['basis']})",
+                      markup=False, highlight=False)
 
 
 def print_explain(doc: dict, console) -> None:

@@ -130,11 +130,27 @@ def run_validate(a: ValidateArgs, rows: list[dict], progress=None):
         for g, part in zip(groups, parts):
             for j, res in zip(g, part):
                 results[j] = res
+    attach_bands(results, revision)
     doc = {"rows": [r.__dict__ for r in results], "summary": summarize(results),
            "summary_by_mode": summarize_by_mode(results),
            "calibration": revision.digest if revision else "none", "stack": a.stack,
            "harness": harness or "rules"}
     return doc, results
+
+
+def attach_bands(results, revision) -> None:
+    """Each predicted agg row's held-out error band from `revision` (the bands were
+    fitted on agg rows; disagg rows get none)."""
+    from perfcast.calibrate.prediction_error import band_json, prediction_band
+
+    bands: dict[str, object] = {}
+    for r in results:
+        if not r.predicted or r.mode.strip() != "agg":
+            continue
+        backend = r.backend.strip()
+        if backend not in bands:
+            bands[backend] = prediction_band(revision, backend)
+        r.prediction_band = band_json(bands[backend], r.pred_ttft_ms, r.pred_tpot_ms)
 
 
 def _harness(a: ValidateArgs) -> dict | None:

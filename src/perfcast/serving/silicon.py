@@ -128,6 +128,9 @@ class RowResult:
     assumptions: list[str] = field(default_factory=list)
     # disagg rows: whether the row records its worker counts and decode batch size
     has_worker_counts: bool | None = None
+    # the calibration revision's held-out error band around the prediction
+    # (perfcast.calibrate.prediction_error.band_json); agg rows with a revision that has one
+    prediction_band: dict | None = None
 
     @property
     def predicted(self) -> bool:
@@ -632,6 +635,12 @@ def summarize(results: Sequence[RowResult], keys=("system", "model", "backend"))
                  "ttft_median_ape": float(np.median(t)) if t.size else None,
                  "tpot_mape": float(p.mean()) if p.size else None,
                  "tpot_median_ape": float(np.median(p)) if p.size else None}
+        banded = [r for r in done if r.prediction_band]
+        if banded:   # share of measurements inside the revision's error band
+            for metric, meas in (("ttft", "measured_ttft_ms"), ("tpot", "measured_tpot_ms")):
+                group[f"{metric}_band_coverage"] = sum(
+                    r.prediction_band[f"{metric}_ms"]["low"] <= getattr(r, meas)
+                    <= r.prediction_band[f"{metric}_ms"]["high"] for r in banded) / len(banded)
         counted = [r for r in rs if r.has_worker_counts]
         if any(r.has_worker_counts is not None for r in rs):
             group["rows_with_worker_counts"] = len(counted)
