@@ -173,3 +173,26 @@ def test_validate_rows_carry_the_band_and_the_summary_its_coverage():
     overall = summarize(rows[:2])[-1]
     assert overall["ttft_band_coverage"] == 0.5       # 300 ms lies above the high 1.3x
     assert overall["tpot_band_coverage"] == 1.0
+
+
+def test_search_gives_agg_configurations_their_band(tmp_path):
+    from perfcast.cli.main import app
+
+    path = tmp_path / "rev.json"
+    rev = banded_revision()
+    path.write_text(json.dumps(rev.to_json()))
+    res = CliRunner().invoke(app, ["search", "Qwen/Qwen3-0.6B", "--gpus", "2", "--isl", "256",
+                                   "--osl", "32", "--concurrency", "2,16", "--tp-sizes", "1,2",
+                                   "--backend", "vllm", "--executor", "inline", "--format",
+                                   "json", "--calibration", str(path)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    ratio = rev.part(pe.PART_NAME).values()["serving.vllm.tpot_ratio_low"]
+    agg = [c for c in out["top"] + out["pareto"] if c["mode"] == "agg"]
+    assert agg
+    for c in agg:
+        assert c["prediction_band"]["tpot_ms"]["low"] == pytest.approx(
+            c["metrics"]["tpot_ms"]["mean"] * ratio)
+    # the bands were fitted on agg rows: disaggregated configurations get none
+    assert all(c["prediction_band"] is None for c in out["top"] + out["pareto"]
+               if c["mode"] == "disagg")

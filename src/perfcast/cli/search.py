@@ -203,8 +203,11 @@ def run_search(a: SearchArgs, note=lambda text: None, on_start=None, on_done=Non
     evidence = ({"root": str(evidence_root), "backend": bk.name,
                  "version": _evidence_version(space, system.name)}
                 if evidence_root else None)
+    from perfcast.calibrate.prediction_error import prediction_band
+
     return search_report(space, spec, system, bk.name, cands, a.top_n, calib, evidence,
-                         backend_defaults=bk, stack=op_stack), cands
+                         backend_defaults=bk, stack=op_stack,
+                         band=prediction_band(revision, bk.name)), cands
 
 
 def _evidence_version(space, system: str) -> str | None:
@@ -236,10 +239,14 @@ def search_progress():
 
 
 def search_report(space, spec, system, backend: str, cands, top_n: int, calibration: str,
-                  evidence: dict | None, backend_defaults=None, stack=None) -> dict:
+                  evidence: dict | None, backend_defaults=None, stack=None,
+                  band=None) -> dict:
     """The search as JSON: inputs, SLOs, results, failures, provenance;
     `backend_defaults` (BackendDefaults) names the version range the layouts used,
-    `stack` (OpStack) the profile `space.stack` resolved to on the device."""
+    `stack` (OpStack) the profile `space.stack` resolved to on the device, `band` (a
+    `PredictionBand` of the calibration revision) the held-out error band each agg
+    configuration of `pareto` and `top` gets as `prediction_band`."""
+    from perfcast.calibrate.prediction_error import band_json
     from perfcast.cli.serve import speculative_json, stack_json
     from perfcast.serving.backends import defaults_json
     from perfcast.serving.provenance import provenance_json
@@ -248,6 +255,15 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
 
     rows, queries = search_provenance(cands)
     best = top(cands, top_n)
+
+    def with_band(c) -> dict:
+        d = candidate_json(c)
+        m = c.metrics or {}
+        mean = (lambda key: (m.get(key) or {}).get("mean"))
+        d["prediction_band"] = (band_json(band, mean("ttft_ms"), mean("tpot_ms"))
+                                if c.mode == "agg" else None)
+        return d
+
     return {
         "inputs": {"model": spec.name, "model_digest": spec.digest, "model_source": spec.source,
                    "device": system.name, "system_digest": system.digest, "backend": backend,
@@ -266,8 +282,8 @@ def search_report(space, spec, system, backend: str, cands, top_n: int, calibrat
                    "notes": list(spec.notes)},
         "slo": {"statistic": space.slo_statistic, "max_ttft_ms": space.max_ttft_ms,
                 "max_tpot_ms": space.max_tpot_ms},
-        "pareto": [candidate_json(c) for c in cands if c.pareto],
-        "top": [candidate_json(c) for c in best],
+        "pareto": [with_band(c) for c in cands if c.pareto],
+        "top": [with_band(c) for c in best],
         "nearest_misses": [candidate_json(c) for c in nearest_misses(cands, min(top_n, 5))],
         "configurations": [configuration_row(c, space.slo_statistic) for c in cands],
         "evaluated": len(cands),
