@@ -196,3 +196,18 @@ def test_search_gives_agg_configurations_their_band(tmp_path):
     # the bands were fitted on agg rows: disaggregated configurations get none
     assert all(c["prediction_band"] is None for c in out["top"] + out["pareto"]
                if c["mode"] == "disagg")
+
+
+def test_validate_text_prints_the_share_inside_the_band(tmp_path):
+    from pathlib import Path
+
+    from perfcast.cli.main import app
+
+    path = tmp_path / "rev.json"
+    path.write_text(json.dumps(banded_revision().to_json()))
+    rows = Path(__file__).parents[1] / "fixtures" / "silicon" / "h100_sxm_slice.csv"
+    res = CliRunner().invoke(app, ["validate", "silicon", str(rows), "--calibration",
+                                   str(path), "--workers", "1"],
+                             env={"COLUMNS": "240"})
+    assert res.exit_code == 0, res.output
+    assert "TTFT in band" in res.output and "TPOT in band" in res.output

@@ -229,13 +229,17 @@ def _pct(v) -> str:
 
 def summary_table(title: str, groups: list[dict]) -> Table:
     """One mode's summary groups; disagg groups add the coverage of the rows that record
-    worker counts (`cov. w/ counts`)."""
+    worker counts (`cov. w/ counts`), groups with error bands the share of measurements
+    inside them (`TTFT in band`, `TPOT in band`)."""
     counted = any("rows_with_worker_counts" in g for g in groups)
+    banded = any("ttft_band_coverage" in g for g in groups)
     table = Table(title=title)
     cols = ["system", "model", "backend", "rows", "coverage"]
     if counted:
         cols += ["rows w/ counts", "cov. w/ counts"]
     cols += ["TTFT MAPE", "TTFT medAPE", "TPOT MAPE", "TPOT medAPE"]
+    if banded:
+        cols += ["TTFT in band", "TPOT in band"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("system", "model", "backend")
                          else "right", overflow="fold")
@@ -246,6 +250,8 @@ def summary_table(title: str, groups: list[dict]) -> Table:
                       _pct(g.get("coverage_with_worker_counts"))]
         cells += [_pct(g["ttft_mape"]), _pct(g["ttft_median_ape"]), _pct(g["tpot_mape"]),
                   _pct(g["tpot_median_ape"])]
+        if banded:
+            cells += [_pct(g.get("ttft_band_coverage")), _pct(g.get("tpot_band_coverage"))]
         table.add_row(*cells)
     return table
 
