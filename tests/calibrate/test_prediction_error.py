@@ -211,3 +211,16 @@ def test_validate_text_prints_the_share_inside_the_band(tmp_path):
                              env={"COLUMNS": "240"})
     assert res.exit_code == 0, res.output
     assert "TTFT in band" in res.output and "TPOT in band" in res.output
+
+
+def test_calibrate_show_lists_the_band_coverage_per_held_out_group(tmp_path):
+    from perfcast.cli.main import app
+
+    path = tmp_path / "rev.json"
+    rev = banded_revision()
+    path.write_text(json.dumps(rev.to_json()))
+    res = CliRunner().invoke(app, ["calibrate", "show", str(path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "error band coverage:" in res.output
+    for g in rev.part(pe.PART_NAME).cv["coverage"]["groups"]:
+        assert g["held_out"] in res.output

@@ -251,6 +251,9 @@ def _print_revision(rev, console: Console) -> None:
         console.print(table)
         cv = part.cv
         schemes = cv.get("schemes") or ([cv] if "folds" in cv else [])
+        # serving schemes: folds named by `group` with in-sample and held-out MAPE (the
+        # efficiency curves' folds have their own layout, printed as their summary)
+        schemes = [sc for sc in schemes if all("group" in f for f in sc.get("folds", ()))]
         for scheme in schemes:
             t = Table(title=f"cross-validation: leave one {scheme['group_by']} out")
             for col in ("held out", "rows", "in-sample TTFT", "in-sample TPOT", "held-out TTFT",
@@ -266,3 +269,17 @@ def _print_revision(rev, console: Console) -> None:
             console.print(t)
         if "efficiency" in part.name:
             console.print(json.dumps(plain(cv).get("summary", {}), indent=1))
+        coverage = cv.get("coverage")
+        if coverage and "groups" in coverage:   # prediction error bands
+            levels = part.procedure.get("levels", {})
+            t = Table(title=f"error band coverage: each {cv.get('group_by')}'s band from "
+                            f"the others (percentiles TTFT "
+                            f"{'/'.join(f'{v:g}' for v in levels.get('ttft', ()))}, TPOT "
+                            f"{'/'.join(f'{v:g}' for v in levels.get('tpot', ()))})")
+            for col in ("held out", "rows", "TTFT in band", "TPOT in band"):
+                t.add_column(col, justify="left" if col == "held out" else "right")
+            for g in coverage["groups"]:
+                t.add_row(str(g["held_out"]), str(g["rows"]), _pct(g["ttft"]), _pct(g["tpot"]))
+            t.add_row("all held out", str(coverage["rows"]), _pct(coverage["ttft"]),
+                      _pct(coverage["tpot"]))
+            console.print(t)
