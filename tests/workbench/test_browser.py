@@ -175,6 +175,8 @@ def test_serve_and_two_searches_at_once(browser, server, shots):
     click(browser, "run-serve")
     metrics = until(lambda: text(browser, "serve-metrics"), what="the serve metrics")
     assert "ttft_ms" in metrics and "p99" in metrics
+    # the shipped revision's held-out error band of the means
+    assert "held-out error band of the mean" in text(browser, "serve-metrics-band")
     first = browser.current_window_handle
     start_search(browser)
     browser.switch_to.new_window("tab")
@@ -235,6 +237,7 @@ def test_calibration_and_validation(browser, server, shots, api):
     assert "serving" in text(browser, "observations")
     assert "serving.vllm" in text(browser, "parameters") or text(browser, "parameters")
     assert "leave one" in text(browser, "cv")
+    assert "all held out" in text(browser, "band-coverage")
     fill(browser, "silicon-file", SILICON)
     click(browser, "run-validate")
     # the predicted rows before (no calibration) and after (the shipped revision)

@@ -60,6 +60,20 @@ def revision_view(doc: dict) -> None:
                      pagination=10,
                      title=f"cross-validation: leave one {cv.get('group_by', '?')} out") \
                 .classes("full-width").props('data-testid="cv"')
+        coverage = cv.get("coverage")
+        if coverage and "groups" in coverage:   # prediction error bands
+            rows = [{"held out": str(g["held_out"]), "rows": g["rows"],
+                     "TTFT in band": pct(g["ttft"]), "TPOT in band": pct(g["tpot"])}
+                    for g in coverage["groups"]]
+            rows.append({"held out": "all held out", "rows": coverage["rows"],
+                         "TTFT in band": pct(coverage["ttft"]),
+                         "TPOT in band": pct(coverage["tpot"])})
+            ui.table(columns=[{"name": k, "label": k, "field": k, "align": "left"}
+                              for k in ("held out", "rows", "TTFT in band", "TPOT in band")],
+                     rows=rows, row_key="held out",
+                     title=f"error band coverage: each {cv.get('group_by', '?')}'s band from "
+                           "the others") \
+                .classes("full-width").props('data-testid="band-coverage"')
 
 
 def register(wb, jobs) -> None:

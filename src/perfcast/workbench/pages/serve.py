@@ -36,6 +36,12 @@ def metrics_view(metrics: dict, testid: str) -> None:
     ui.label("numbers from").classes("text-bold")
     for line in provenance_lines(metrics["provenance"]):
         ui.label(line).classes("text-caption").style("font-family: monospace")
+    band = metrics.get("prediction_band")
+    if band:   # the calibration revision's held-out error band of the means
+        t, p = band["ttft_ms"], band["tpot_ms"]
+        ui.label(f"held-out error band of the mean: TTFT {t['low']:.1f}-{t['high']:.1f} ms, "
+                 f"TPOT {p['low']:.2f}-{p['high']:.2f} ms ({band['basis']})") \
+            .classes("text-caption").props(f'data-testid="{testid}-band"')
 
 
 def explain_view(doc: dict, testid: str) -> None:
