@@ -142,15 +142,19 @@ def provider_chain(mode: str, device: str, evidence_root: Path,
     providers, ctx, note = [], CostQueryContext(), ""
     if mode in ("calibrated", "evidence"):
         providers = list(calibrated_for(device, load_calibration("default")))
-        if not providers:
-            used = []
+        # curves fitted on this device or declared for it replace the shipped ones,
+        # which would apply to it without records of it
+        if all((getattr(p, "transfer", None) or {}).get("undeclared") for p in providers):
+            used, specific = [], []
             for path in device_revisions:
                 rev = load_calibration(str(path))
-                more = list(calibrated_for(device, rev))
-                providers += more
+                more = [p for p in calibrated_for(device, rev)
+                        if not (p.transfer or {}).get("undeclared")]
+                specific += more
                 if more:
                     used.append(f"{path.name} ({rev.short})")
             if used:
+                providers = specific
                 note = f"calibration {', then '.join(used)} for {device}"
     if mode == "evidence":
         folder = evidence_root / device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -190,8 +191,17 @@ def test_provider_answers_calibrated_and_falls_through_outside_its_domain():
     res = resolver.resolve(attn)
     assert res.estimate.provider == "roofline"
     assert "attention.decode.bf16 has no fitted curve" in res.attempts[0].reason
-    # another system, or a revision without the part: no provider at all
-    assert calibrated_providers(load_system("h200_sxm"), rev) == []
+    # another device of the same vendor: the curves apply without records of it, and
+    # every answer says so; a device of another vendor, or a revision without the part:
+    # no provider at all
+    (h200,) = calibrated_providers(load_system("h200_sxm"), rev)
+    assert h200.transfer["undeclared"] and h200.transfer["from"] == ["h100_sxm"]
+    other = h200.estimate(replace(q, hardware="h200_sxm"))
+    assert other.method is EstimateMethod.CALIBRATED
+    assert other.uncertainty.rel_std == spread["log_std"]
+    assert any("applied to h200_sxm without any record of it" in a for a in other.assumptions)
+    assert not any("without any record" in a for a in est.assumptions)
+    assert calibrated_providers(load_system("mi300x"), rev) == []
     assert calibrated_providers(H100, None) == []
     assert calibrated_providers(H100, CalibrationRevision(name="e", code_version="t",
                                                           parts=())) == []

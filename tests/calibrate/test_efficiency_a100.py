@@ -93,9 +93,12 @@ def test_shape_folds_hold_a_shape_out_whole(obs):
 
 def test_answers_a100_gemms_only():
     rev = read_revision(SHIPPED)
-    for other in ("h100_sxm", "h200_sxm"):
-        assert calibrated_providers(load_system(other), rev) == []
+    for other in ("h100_sxm", "h200_sxm"):   # same vendor: applied, said to be unscored
+        (elsewhere,) = calibrated_providers(load_system(other), rev)
+        assert elsewhere.transfer == {"from": ["a100_sxm"], "classes": ["gemm.bf16"],
+                                      "undeclared": True}
     (prov,) = calibrated_providers(A100, rev)
+    assert prov.transfer is None
     q = build_query({"operation": "gemm", "hardware": "a100_sxm", "dtype": "fp16",
                      "dims": {"m": 1024, "n": 2560, "k": 2560}})
     est = prov.estimate(q)

@@ -70,8 +70,12 @@ def test_nothing_refitted_and_every_record_scored(setup):
 def test_provider_answers_the_transferred_class_only(setup):
     _, base, part = setup
     rev = CalibrationRevision(name="t", code_version="t", parts=(part,))
-    assert calibrated_providers(A100, default_revision()) == []
+    # the shipped revision alone applies every curve to A100 without records of it; a
+    # declared transfer answers the classes it scored, with that score
+    (undeclared,) = calibrated_providers(A100, default_revision())
+    assert undeclared.transfer["undeclared"]
     (prov,) = calibrated_providers(A100, rev)
+    assert not prov.transfer.get("undeclared")
     assert isinstance(prov, CalibratedAnalyticProvider)
     q = build_query({"operation": "gemm", "hardware": "a100_sxm", "dtype": "fp16",
                      "dims": {"m": 4096, "n": 10240, "k": 2560}})

@@ -1,6 +1,7 @@
 """benchmarks/training_accuracy.py's calibration chain: on a device the shipped revision
-has no curves for (A100), the Vidur-fitted A100 revision first, then the transferred
-H100/H200 curve for the sizes it leaves; on H100 the shipped revision alone."""
+has no records of (A100), the Vidur-fitted A100 revision first, then the transferred
+H100/H200 curve for the sizes it leaves, instead of the shipped curves applied without
+records; on H100 the shipped revision alone."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def test_a100_chain_is_the_fitted_curve_then_the_transfer(bench):
     assert [p.revision_digest for p in providers] == [fitted.digest, transfer.digest]
     assert providers[0].transfer is None and providers[1].transfer is not None
     assert "calibration_a100_vidur.json" in note
-    none, _, _ = bench.provider_chain("calibrated", "a100_sxm", bench.EVIDENCE_ROOT, ())
-    assert none == []
+    # without device revisions: the shipped curves, applied without records of A100
+    (shipped,), _, _ = bench.provider_chain("calibrated", "a100_sxm", bench.EVIDENCE_ROOT, ())
+    assert shipped.revision_digest == default_revision().digest
+    assert shipped.transfer["undeclared"]
 
 
 def test_h100_uses_the_shipped_revision_only(bench):

@@ -15,13 +15,18 @@ its provenance, and an uncertainty taken from the class's held-out residual spre
 every cross-validation fold, low/high from its 10th/90th percentile ratios,
 `confidence = exp(-rel_std)` (the interpolation convention).
 
-A class that was not fitted (or was fitted but has no held-out score), a system the
-part was not fitted on, or a size more than `MARGIN_DECADES` outside the fitted range of
-log FLOPs or log bytes is a `Miss` with the reason, so the resolver falls through to
-the plain roofline / collective model. A part may declare its curves for another system
-(`fitted_on.transfers.<system>`, `perfcast.calibrate.efficiency.transfer_part`): there
-only the classes scored on that system's measured kernels answer, with that score as
-their spread. It belongs after the measured and interpolating
+A class that was not fitted (or was fitted but has no held-out score), a device of
+another vendor than the fitted ones, or a size more than `MARGIN_DECADES` outside the
+fitted range of log FLOPs or log bytes is a `Miss` with the reason, so the resolver falls
+through to the plain roofline / collective model. A part may declare its curves for
+another system (`fitted_on.transfers.<system>`,
+`perfcast.calibrate.efficiency.transfer_part`): there only the classes scored on that
+system's measured kernels answer, with that score as their spread. On a device of the
+fitted devices' vendor with neither records nor a declared transfer, every curve
+answers (the curves are efficiencies against each device's own peaks and bandwidths),
+with the part's held-out spread, whose folds leave one fitted device out, and an
+assumption saying the device has no record in the fit (docs/calibration.md gives the
+serving-level check). It belongs after the measured and interpolating
 providers and before the analytic ones:
 
     providers = [measured, interpolation,
@@ -200,6 +205,14 @@ class CalibratedAnalyticProvider:
         if self.transfer is not None:
             self.systems = (*self.systems, system.name)
             spread = self.transfer.get("residual_spread", {})
+        elif system.name not in self.systems and self.systems and \
+                {_vendor(s) for s in self.systems} == {system.device.vendor}:
+            # a device of the fitted devices' vendor with no records of its own: every
+            # curve, with the part's held-out spread, whose folds leave one fitted device
+            # out (the curves are efficiencies against each device's own peaks)
+            self.transfer = {"from": list(self.systems), "classes": list(domain),
+                             "undeclared": True}
+            self.systems = (*self.systems, system.name)
         self.curves: dict[str, tuple[float, ...]] = {}
         self.domain: dict[str, Mapping] = {}
         self.spread: dict[str, Mapping] = {}
@@ -216,6 +229,15 @@ class CalibratedAnalyticProvider:
             self.curves[cls] = tuple(values[n] for n in names)
             self.domain[cls] = domain[cls]
             self.spread[cls] = spread[cls]
+
+    def _transfer_note(self, spread: Mapping) -> str:
+        fitted = ", ".join(self.transfer.get("from", ()))
+        if self.transfer.get("undeclared"):
+            return (f"curve fitted on {fitted}, applied to {self.system.name} without any "
+                    f"record of it: spread from the curve's held-out residuals on the "
+                    f"fitted devices, each left out in turn")
+        return (f"curve fitted on {fitted}, transferred to {self.system.name}: scored on "
+                f"{spread.get('records', 0)} of its records")
 
     def supports(self, query: CostQuery) -> bool | Miss:
         if query.hardware != self.system.name:
@@ -314,9 +336,7 @@ class CalibratedAnalyticProvider:
             assumptions=(f"efficiency curve {cls} of calibration revision "
                          f"{self.revision_digest} (part {PART_NAME}); spread from its "
                          "held-out residuals",) + ((
-                             f"curve fitted on {', '.join(self.transfer.get('from', ()))}, "
-                             f"transferred to {self.system.name}: scored on "
-                             f"{spread.get('records', 0)} of its records",)
+                             self._transfer_note(spread),)
                              if self.transfer is not None else ()),
             bottleneck=bottleneck, confidence=confidence,
             statistics=FrozenDict({"calibration_revision": self.revision_digest,
@@ -327,14 +347,29 @@ class CalibratedAnalyticProvider:
 
 def calibrated_providers(system: System, revision) -> list:
     """[CalibratedAnalyticProvider] for `system` when `revision` (a CalibrationRevision,
-    or None) has an `analytic_efficiency` part fitted on it, else []."""
+    or None) has an `analytic_efficiency` part fitted on it, declared for it
+    (`transfer_part`) or fitted on devices of its vendor only (applied without records of
+    it, and said so in every answer), else []."""
     if revision is None:
         return []
     part = revision.part(PART_NAME)
-    if part is None or (system.name not in tuple(part.fitted_on.get("systems", ()))
-                        and system.name not in part.fitted_on.get("transfers", {})):
+    if part is None:
+        return []
+    fitted = tuple(part.fitted_on.get("systems", ()))
+    if (system.name not in fitted and system.name not in part.fitted_on.get("transfers", {})
+            and not (fitted and {_vendor(s) for s in fitted} == {system.device.vendor})):
         return []
     return [CalibratedAnalyticProvider(system, part, revision.digest)]
+
+
+def _vendor(system_name: str) -> str | None:
+    """The catalog vendor of a fitted system (None when the catalog lacks it)."""
+    from perfcast.hardware import load_system
+
+    try:
+        return load_system(system_name).device.vendor
+    except ConfigError:
+        return None
 
 
 def providers_by_system(revision):

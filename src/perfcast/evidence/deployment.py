@@ -88,8 +88,8 @@ def no_tables(system: str, backend: str, why: str) -> DeploymentEvidence:
     kernels instead."""
     return DeploymentEvidence((), CostQueryContext(), "", note=(
         f"no measured {backend} kernel tables for {system} under the evidence root ({why}): "
-        "every kernel priced by the analytic models (calibrated curves where the revision "
-        "has them for this system, else the roofline and collective models)"))
+        "every kernel priced by the analytic models (the revision's efficiency curves where "
+        "they answer for this device, else the roofline and collective models)"))
 
 
 VERSION_POLICIES = ("set", "family")
