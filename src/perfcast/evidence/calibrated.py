@@ -205,8 +205,7 @@ class CalibratedAnalyticProvider:
         if self.transfer is not None:
             self.systems = (*self.systems, system.name)
             spread = self.transfer.get("residual_spread", {})
-        elif system.name not in self.systems and self.systems and \
-                {_vendor(s) for s in self.systems} == {system.device.vendor}:
+        elif system.name not in self.systems and same_vendor(system, self.systems):
             # a device of the fitted devices' vendor with no records of its own: every
             # curve, with the part's held-out spread, whose folds leave one fitted device
             # out (the curves are efficiencies against each device's own peaks)
@@ -357,19 +356,23 @@ def calibrated_providers(system: System, revision) -> list:
         return []
     fitted = tuple(part.fitted_on.get("systems", ()))
     if (system.name not in fitted and system.name not in part.fitted_on.get("transfers", {})
-            and not (fitted and {_vendor(s) for s in fitted} == {system.device.vendor})):
+            and not same_vendor(system, fitted)):
         return []
     return [CalibratedAnalyticProvider(system, part, revision.digest)]
 
 
-def _vendor(system_name: str) -> str | None:
-    """The catalog vendor of a fitted system (None when the catalog lacks it)."""
+def same_vendor(system: System, fitted: Sequence[str]) -> bool:
+    """Whether every fitted system (catalog names) is of `system`'s vendor; False for
+    none, or for one the catalog lacks."""
     from perfcast.hardware import load_system
 
-    try:
-        return load_system(system_name).device.vendor
-    except ConfigError:
-        return None
+    vendors = set()
+    for name in fitted:
+        try:
+            vendors.add(load_system(name).device.vendor)
+        except ConfigError:
+            return False
+    return vendors == {system.device.vendor}
 
 
 def providers_by_system(revision):
