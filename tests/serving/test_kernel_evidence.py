@@ -295,3 +295,24 @@ def test_serve_refuses_an_unknown_version_policy():
                                    "--isl", "64", "--osl", "4"])
     assert out.exit_code == 2 and "--evidence-versions" in out.output
     assert "Traceback" not in out.output
+
+
+def test_a_row_on_a_device_without_records_names_the_curves_applied_to_it():
+    import csv
+
+    from perfcast.calibrate.store import default_revision
+    from perfcast.cli.validate import ValidateArgs, run_validate
+    from perfcast.evidence.calibrated import calibrated_providers
+    from perfcast.serving.silicon import curves_note
+
+    (h100,) = calibrated_providers(load_system("h100_sxm"), default_revision())
+    assert curves_note(h100) == ""                       # fitted on it: nothing to say
+    (b200,) = calibrated_providers(load_system("b200_sxm"), default_revision())
+    assert "applied to b200_sxm without any record of it" in curves_note(b200)
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "silicon" / "h100_sxm_slice.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        row = next(csv.DictReader(fh))
+    row = {**row, "system": "b200_sxm"}
+    doc, (res,) = run_validate(ValidateArgs(file=str(path)), [row])
+    assert res.predicted
+    assert curves_note(b200) in res.assumptions

@@ -583,7 +583,9 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
                 if ev.note:
                     res.assumptions.append(ev.note)
             if analytic_for:
-                providers = (*providers, *analytic_for(res.system.strip()))
+                curves = analytic_for(res.system.strip())
+                providers = (*providers, *curves)
+                res.assumptions += [note for note in map(curves_note, curves) if note]
             # the rows compare TTFT and TPOT only: no ITL statistics
             sim = run_serving(cfg, evidence=providers, evidence_context=context, cache=cache,
                               itl_summary=False)
@@ -601,6 +603,17 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
             progress(i + 1, len(rows))
         out.append(res)
     return out
+
+
+def curves_note(provider) -> str:
+    """The row assumption of an analytic provider whose efficiency curves apply to the
+    row's device without any record of it; "" for any other provider."""
+    transfer = getattr(provider, "transfer", None) or {}
+    if not transfer.get("undeclared"):
+        return ""
+    return (f"efficiency curves of calibration revision {provider.revision_digest[:19]} "
+            f"fitted on {', '.join(transfer.get('from', ()))}, applied to "
+            f"{provider.system.name} without any record of it")
 
 
 def read_rows(path: Path) -> list[dict]:
