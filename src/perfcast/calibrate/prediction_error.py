@@ -66,7 +66,7 @@ def quantile_table(backends: Sequence[str], measured: Mapping[str, np.ndarray],
     than `min_rows` rows there gets no entry of its own."""
     levels = levels or {}
     be = np.asarray(backends, dtype=object)
-    out: dict[str, dict[str, dict[int, float]]] = {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for name, sel in [(POOLED, mask), *((b, mask & (be == b)) for b in sorted(set(be[mask])))]:
         if name != POOLED and int(sel.sum()) < min_rows:
             continue
