@@ -14,16 +14,19 @@ from perfcast.workload.tensors import TensorSpec
 
 
 class _Fixed:
-    name, revision = "table", "r1"
+    """Answers every query with `latency` by `method` (a stand-in for a kernel table)."""
 
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
+    name = "table"
+
+    def __init__(self, latency: float, method=EstimateMethod.MEASURED) -> None:
+        self.latency, self.method = latency, method
+        self.revision = f"{latency}-{method.value}"   # a table's revision names its content
 
     def supports(self, query):
         return True
 
     def estimate(self, query):
-        return CostEstimate(latency_s=self.latency, method=EstimateMethod.MEASURED,
+        return CostEstimate(latency_s=self.latency, method=self.method,
                             match_kind=MatchKind.EXACT, provider=self.name,
                             provider_revision=self.revision)
 
@@ -103,3 +106,56 @@ def test_rows_needing_more_prefill_math_than_the_device_has_are_named():
     assert reason and "contradicts" in reason and "requests/s" in reason
     # the same clients with an e2e of 0.1 + 99 x 4 = 396 s: 0.16 requests/s, 7% busy
     assert above_compute_bound(cfg, 100.0, 4000.0) is None
+
+
+def _needed(reason: str) -> float:
+    return float(reason.split(" need ")[1].split(" s per second")[0])
+
+
+def test_rows_needing_more_prefill_time_than_the_measured_kernels_are_named():
+    from perfcast.serving.silicon_bounds import above_compute_bound, above_measured_prefill
+    from perfcast.serving.step_cost import stack_options
+    from perfcast.workload import Batch, TaskKind
+    from perfcast.workload.build import build_task_graph
+    rules = load_rules()
+    row = {**_row("100", "50"), "isl": "1024", "osl": "128"}
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    assert cfg.backend.scheduler.token_budget == 8192   # vLLM max-num-batched-tokens
+    # 64 clients, e2e 0.1 + 127 x 0.05 = 6.45 s: 9.92 requests/s of >= 819-token prompts,
+    # about half a device-second of math per second at peak: the peak bound holds
+    assert above_compute_bound(cfg, 100.0, 50.0) is None
+    # a table that prices every context-free call of an 8192-token step at 2 ms: the
+    # step's ~650 calls x 2 ms, per token, x 819 tokens x 9.92 prompts per second, about
+    # 1.3 s per second (attention at peak rate adds a little)
+    graph = build_task_graph(cfg.model, cfg.pool.plan, Batch.prefill(1, 8192), cfg.precision,
+                             **stack_options(None))
+    calls = sum(t.count for t in graph.tasks
+                if t.kind is not TaskKind.VIEW and "kv_len" not in t.work.axes)
+    floor = calls * 2e-3 * 819 / 8192 * (64 / 6.45)
+    reason = above_measured_prefill(cfg, 100.0, 50.0, (_Fixed(2e-3),), None)
+    assert reason and "measured kernels" in reason and "contradicts" in reason
+    assert floor < _needed(reason) < floor * 1.1
+    # the same table at 1 us per call leaves the row standing
+    assert above_measured_prefill(cfg, 100.0, 50.0, (_Fixed(1e-6),), None) is None
+    # answers that are not measurements (a model's) bound nothing; nor does no evidence
+    modelled = _Fixed(2e-3, EstimateMethod.ANALYTICAL)
+    assert above_measured_prefill(cfg, 100.0, 50.0, (modelled,), None) is None
+    assert above_measured_prefill(cfg, 100.0, 50.0, (), None) is None
+    # a longer life per request (TPOT 5 s): 0.1 requests/s, far inside the tables' rate
+    assert above_measured_prefill(cfg, 100.0, 5000.0, (_Fixed(2e-3),), None) is None
+
+
+def test_validate_rows_refuses_a_row_its_own_evidence_contradicts():
+    from perfcast.evidence.deployment import DeploymentEvidence
+    from perfcast.evidence.contracts import CostQueryContext
+    from perfcast.serving.silicon import validate_rows
+
+    def evidence_for(latency):
+        return lambda system, backend, version: DeploymentEvidence(
+            (_Fixed(latency),), CostQueryContext(runtime=backend), version)
+
+    row = {**_row("100", "50"), "isl": "1024", "osl": "128"}
+    (res,) = validate_rows([row], evidence_for=evidence_for(2e-3))
+    assert not res.predicted and "measured kernels" in res.reason
+    (res,) = validate_rows([row], evidence_for=evidence_for(1e-6))
+    assert "measured kernels" not in (res.reason or "")

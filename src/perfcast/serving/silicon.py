@@ -28,7 +28,8 @@ from perfcast.hardware import System, load_system
 from perfcast.serving.backends import load_backend
 from perfcast.serving.deploy import (Pool, ServeConfig, StepModelCache, reserved_memory_facts,
                                      run_serving)
-from perfcast.serving.silicon_bounds import above_compute_bound, below_memory_bound
+from perfcast.serving.silicon_bounds import (above_compute_bound, above_measured_prefill,
+                                             below_memory_bound)
 from perfcast.serving.silicon_recipes import (disagg_recipe, graphs_up_to, harness_recipe,
                                               launch_settings)
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
@@ -582,6 +583,10 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
                 providers, context = ev.providers, (ev.context if ev.providers else None)
                 if ev.note:
                     res.assumptions.append(ev.note)
+                contradiction = above_measured_prefill(cfg, res.measured_ttft_ms,
+                                                       res.measured_tpot_ms, providers, context)
+                if contradiction:
+                    raise RowError(contradiction)
             if analytic_for:
                 curves = analytic_for(res.system.strip())
                 providers = (*providers, *curves)

@@ -1,9 +1,16 @@
 """Physical bounds a silicon row's measurement must respect (`perfcast validate
 silicon`): a row whose TTFT and TPOT need less HBM traffic or more matrix math than its
-devices allow contradicts the deployment it describes and gets a reason, not a number."""
+devices allow, or more prefill time than the system's measured kernels take, contradicts
+the deployment it describes and gets a reason, not a number."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from perfcast.core.errors import UnresolvedCostError
+from perfcast.evidence.contracts import CostProvider, CostQueryContext, EstimateMethod
+from perfcast.evidence.queries import query_for_task
+from perfcast.evidence.resolver import CostResolver
 from perfcast.hardware import System, load_system
 from perfcast.serving.deploy import ServeConfig
 from perfcast.serving.step_cost import stack_options
@@ -66,9 +73,9 @@ def below_memory_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str 
             f"bandwidth{routing}: the measurement contradicts the deployment it describes")
 
 
-# _graph_sum's values by content (rows of one deployment at other concurrencies ask
-# the same graphs); bounded, cleared when full
-_GRAPH_SUMS: dict[tuple, float] = {}
+# _graph_sum's and above_measured_prefill's values by content (rows of one deployment at
+# other concurrencies ask the same graphs); bounded, cleared when full
+_GRAPH_SUMS: dict[tuple, float | tuple[float, bool]] = {}
 GRAPH_SUMS_MAX = 4096
 
 
@@ -95,46 +102,51 @@ def _graph_sum(what: str, model: ModelSpec, plan: ParallelPlan, batch: Batch,
     else:
         out = 0.0
         for t in graph.tasks:
-            if t.kind is not TaskKind.COMPUTE or t.work.flops <= 0:
-                continue
-            engine = system.device.engines.get(str(getattr(t.work.engine, "value",
-                                                           t.work.engine)))
-            peak = engine.peak_for(t.work.compute_dtype) if engine is not None else None
-            if peak:
-                out += t.work.flops * t.count / peak
+            if t.kind is TaskKind.COMPUTE:
+                out += _peak_s(t, system) * t.count
     if len(_GRAPH_SUMS) >= GRAPH_SUMS_MAX:
         _GRAPH_SUMS.clear()
     _GRAPH_SUMS[key] = out
     return out
 
 
-def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
-    """Why a row's measured throughput needs more prefill math than the devices have,
-    or None.
+def _prefill_demand(cfg: ServeConfig, ttft_ms: float, tpot_ms: float
+                    ) -> tuple[float, int, int, float] | None:
+    """(completed requests per second, shortest prompt, attention-DP ranks, one-prompt-per-
+    rank prefill steps per second and device) of a closed-loop row, or None.
 
-    In a closed loop of C clients, requests complete at C / e2e per second (Little's
-    law), e2e = TTFT + (osl - 1) x TPOT with the row's largest output length (the mean
-    is shorter, so this undercounts the rate). Each completed request prefilled at least
-    `range_ratio x isl` prompt tokens (the shortest prompt the harness samples), and a
-    prefill's matrix work on a device takes at least its FLOPs over the device's peak
-    rate for the task's math dtype. When that lower bound on busy time exceeds the
-    measured wall time, the row cannot be this deployment at these lengths (e.g. prompts
-    served from a prefix cache, shorter prompts than recorded). Disagg rows: the bound on
-    the prefill pool."""
+    Requests complete at C / e2e per second (Little's law), e2e = TTFT + (osl - 1) x
+    TPOT with the row's largest output length (the mean is shorter, so this undercounts
+    the rate); each prefilled at least `range_ratio x isl` tokens (the shortest prompt
+    the harness samples)."""
     if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
         return None
-    pool = cfg.pool
     e2e_s = 1e-3 * (ttft_ms + max(cfg.osl - 1, 0) * tpot_ms)
     if e2e_s <= 0:
         return None
     rate = cfg.concurrency / e2e_s                     # requests per second, all pools
     prompt = max(1, int(cfg.range_ratio * cfg.isl))
-    dp = max(1, pool.plan.dp)
+    dp = max(1, cfg.pool.plan.dp)
+    return rate, prompt, dp, rate / (dp * max(cfg.pool.workers, 1))
+
+
+def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str | None:
+    """Why a row's measured throughput needs more prefill math than the devices have,
+    or None.
+
+    Each completed request (`_prefill_demand`) needs its prompt's matrix work, which on
+    a device takes at least its FLOPs over the device's peak rate for the task's math
+    dtype. When that lower bound on busy time exceeds the measured wall time, the row
+    cannot be this deployment at these lengths (e.g. prompts served from a prefix cache,
+    shorter prompts than recorded). Disagg rows: the bound on the prefill pool."""
+    demand = _prefill_demand(cfg, ttft_ms, tpot_ms)
+    if demand is None:
+        return None
+    rate, prompt, dp, steps_per_s = demand
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     # one device's busy time for a step of one prompt per rank
-    busy_s = _graph_sum("peak_s", cfg.model, pool.plan, Batch.prefill(dp, prompt),
+    busy_s = _graph_sum("peak_s", cfg.model, cfg.pool.plan, Batch.prefill(dp, prompt),
                         cfg.precision, system, _stack_of(cfg, system))
-    steps_per_s = rate / (dp * max(pool.workers, 1))   # such steps per second and device
     needed = busy_s * steps_per_s                      # busy seconds per second
     if needed <= 1.0:
         return None
@@ -142,3 +154,94 @@ def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str
             f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
             f"{needed:.2f} s of matrix math per second on each device at peak rate: the "
             f"measurement contradicts the deployment it describes")
+
+
+def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
+                           providers: Sequence[CostProvider],
+                           context: CostQueryContext | None) -> str | None:
+    """Why a row's measured throughput needs more prefill time than the system's own
+    measured kernels take, or None (also None without measured providers).
+
+    The bound of `above_compute_bound` with the peak rate replaced, where the row's
+    evidence measured a task, by that measurement (a table's answer, measured or
+    interpolated between measured points; any other task counts at the peak rate of its
+    FLOPs, a collective without a measurement as free). A step's forward pass is one
+    chain of kernels (each all-reduce needs the GEMM before it and feeds the norm after
+    it; no engine here splits a step into overlapping micro-batches), so compute and
+    collectives add, as the step cost model prices them. Prompts are packed as well as
+    the engine can: the context-free tasks (GEMMs, norms, collectives) are priced per
+    token at the largest step the engine forms (its token budget), which the tables
+    price at their lowest time per token; attention, whose work is per sequence, at the
+    peak rate of one prompt's FLOPs."""
+    measured = list(providers)
+    demand = _prefill_demand(cfg, ttft_ms, tpot_ms)
+    if demand is None or not measured:
+        return None
+    rate, prompt, dp, steps_per_s = demand
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
+    budget = max(prompt, int(cfg.backend.scheduler.token_budget or prompt))
+    context = context or CostQueryContext(runtime=cfg.backend.name,
+                                          runtime_revision=cfg.backend_version)
+    key = ("measured_prefill", cfg.model.digest, cfg.pool.plan.digest, cfg.precision,
+           prompt, budget, system.digest, cfg.stack,
+           tuple((p.name, p.revision) for p in measured), context)
+    hit = _GRAPH_SUMS.get(key)
+    if hit is None:
+        stack = _stack_of(cfg, system)
+        resolver = CostResolver(measured)
+        free_s, free_measured = _measured_sum(
+            cfg, Batch.prefill(dp, budget), stack, system, resolver, context, context_tasks=False)
+        attn_s, _ = _measured_sum(cfg, Batch.prefill(dp, prompt), stack, system, None, context,
+                                  context_tasks=True)
+        hit = (free_s * prompt / budget + attn_s, free_measured)
+        if len(_GRAPH_SUMS) >= GRAPH_SUMS_MAX:
+            _GRAPH_SUMS.clear()
+        _GRAPH_SUMS[key] = hit
+    busy_s, any_measured = hit
+    needed = busy_s * steps_per_s
+    if not any_measured or needed <= 1.0:
+        return None
+    return (f"the measured TTFT and TPOT complete {rate:.1f} requests/s (Little's law on "
+            f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
+            f"{needed:.2f} s per second on each device by {system.name}'s measured kernels "
+            f"(packed into {budget}-token steps; attention at peak rate): the measurement "
+            f"contradicts the deployment it describes (e.g. prompts served from a prefix "
+            f"cache, or shorter than recorded)")
+
+
+def _measured_sum(cfg: ServeConfig, batch: Batch, stack, system: System,
+                  resolver: CostResolver | None, context: CostQueryContext,
+                  *, context_tasks: bool) -> tuple[float, bool]:
+    """(seconds, whether any task had a measurement) over the compute and collective
+    tasks of `batch`'s graph that have (`context_tasks`) or lack a `kv_len` axis: each
+    a measured or interpolated answer of `resolver` where it has one, else its FLOPs
+    at the device's peak rate (collectives: nothing)."""
+    graph = build_task_graph(cfg.model, cfg.pool.plan, batch, cfg.precision,
+                             **stack_options(stack))
+    total, any_measured = 0.0, False
+    for t in graph.tasks:
+        if t.kind is TaskKind.VIEW or ("kv_len" in t.work.axes) != context_tasks:
+            continue
+        latency = None
+        if resolver is not None:
+            try:
+                est = resolver.resolve(query_for_task(t, system.name, context)).estimate
+            except UnresolvedCostError:
+                est = None
+            if est is not None and est.method in (EstimateMethod.MEASURED,
+                                                  EstimateMethod.INTERPOLATED):
+                latency, any_measured = est.latency_s, True
+        if latency is None:
+            latency = _peak_s(t, system) if t.kind is TaskKind.COMPUTE else 0.0
+        total += latency * t.count
+    return total, any_measured
+
+
+def _peak_s(task, system: System) -> float:
+    """One call of a compute task at the device's peak rate for its engine and math
+    dtype (0 when the device lists no rate for it)."""
+    if task.work.flops <= 0:
+        return 0.0
+    engine = system.device.engines.get(str(getattr(task.work.engine, "value", task.work.engine)))
+    peak = engine.peak_for(task.work.compute_dtype) if engine is not None else None
+    return task.work.flops / peak if peak else 0.0
