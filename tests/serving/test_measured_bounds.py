@@ -159,3 +159,30 @@ def test_validate_rows_refuses_a_row_its_own_evidence_contradicts():
     assert not res.predicted and "measured kernels" in res.reason
     (res,) = validate_rows([row], evidence_for=evidence_for(1e-6))
     assert "measured kernels" not in (res.reason or "")
+
+
+def test_moe_rows_bound_by_the_larger_of_compute_and_collectives():
+    # engines may overlap the expert all-to-all with the other micro-batch's compute
+    # (dual / two-batch overlap), so for a routed-expert model the bound is the larger
+    # of the two; a dense model's chain of kernels adds them
+    from perfcast.serving.silicon_bounds import above_measured_prefill
+    from perfcast.serving.step_cost import stack_options
+    from perfcast.workload import Batch, TaskKind
+    from perfcast.workload.build import build_task_graph
+    rules = load_rules()
+    row = {**_row("100", "50"), "model_path": "Qwen/Qwen3-30B-A3B", "isl": "1024",
+           "osl": "128", "tp_size": "4", "moe_ep_size": "4"}
+    cfg, _ = row_config(row, ModelResolver(None, rules), rules)
+    graph = build_task_graph(cfg.model, cfg.pool.plan, Batch.prefill(1, 8192), cfg.precision,
+                             **stack_options(None))
+    free = [t for t in graph.tasks if t.kind is not TaskKind.VIEW and "kv_len" not in t.work.axes]
+    comm = sum(t.count for t in free if t.kind is TaskKind.COMMUNICATION)
+    compute = sum(t.count for t in free) - comm
+    assert comm > 0 and compute > comm
+    rate = 64 / (0.1 + 127 * 0.05)
+    latency = 2e-3
+    reason = above_measured_prefill(cfg, 100.0, 50.0, (_Fixed(latency),), None)
+    assert reason
+    larger = compute * latency * 819 / 8192 * rate
+    assert larger < _needed(reason) < larger * 1.05           # attention at peak adds a little
+    assert _needed(reason) < (compute + comm) * latency * 819 / 8192 * rate

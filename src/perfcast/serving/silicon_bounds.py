@@ -165,10 +165,13 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
     The bound of `above_compute_bound` with the peak rate replaced, where the row's
     evidence measured a task, by that measurement (a table's answer, measured or
     interpolated between measured points; any other task counts at the peak rate of its
-    FLOPs, a collective without a measurement as free). A step's forward pass is one
-    chain of kernels (each all-reduce needs the GEMM before it and feeds the norm after
-    it; no engine here splits a step into overlapping micro-batches), so compute and
-    collectives add, as the step cost model prices them. Prompts are packed as well as
+    FLOPs, a collective without a measurement as free). A dense model's forward pass is
+    one chain of kernels (each all-reduce needs the GEMM before it and feeds the norm
+    after it), so its compute and collectives add, as the step cost model prices them;
+    for a model with routed experts the bound takes the larger of the two, since engines
+    can overlap the expert all-to-all with the other micro-batch's compute (vLLM's dual
+    batch overlap, `--enable-dbo`, docs/design/dbo.md; SGLang's two-batch overlap), an
+    opt-in launch flag no row records. Prompts are packed as well as
     the engine can: the context-free tasks (GEMMs, norms, collectives) are priced per
     token at the largest step the engine forms (its token budget), which the tables
     price at their lowest time per token; attention, whose work is per sequence, at the
@@ -189,11 +192,15 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
     if hit is None:
         stack = _stack_of(cfg, system)
         resolver = CostResolver(measured)
-        free_s, free_measured = _measured_sum(
+        compute_s, comm_s, free_measured = _measured_sum(
             cfg, Batch.prefill(dp, budget), stack, system, resolver, context, context_tasks=False)
-        attn_s, _ = _measured_sum(cfg, Batch.prefill(dp, prompt), stack, system, None, context,
-                                  context_tasks=True)
-        hit = (free_s * prompt / budget + attn_s, free_measured)
+        attn_s, _, _ = _measured_sum(cfg, Batch.prefill(dp, prompt), stack, system, None,
+                                     context, context_tasks=True)
+        scale = prompt / budget
+        compute_s, comm_s = compute_s * scale + attn_s, comm_s * scale
+        busy = (max(compute_s, comm_s) if has_routed_experts(cfg.model)
+                else compute_s + comm_s)
+        hit = (busy, free_measured)
         if len(_GRAPH_SUMS) >= GRAPH_SUMS_MAX:
             _GRAPH_SUMS.clear()
         _GRAPH_SUMS[key] = hit
@@ -211,14 +218,14 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
 
 def _measured_sum(cfg: ServeConfig, batch: Batch, stack, system: System,
                   resolver: CostResolver | None, context: CostQueryContext,
-                  *, context_tasks: bool) -> tuple[float, bool]:
-    """(seconds, whether any task had a measurement) over the compute and collective
-    tasks of `batch`'s graph that have (`context_tasks`) or lack a `kv_len` axis: each
-    a measured or interpolated answer of `resolver` where it has one, else its FLOPs
-    at the device's peak rate (collectives: nothing)."""
+                  *, context_tasks: bool) -> tuple[float, float, bool]:
+    """(compute seconds, collective seconds, whether any task had a measurement) over the
+    compute and collective tasks of `batch`'s graph that have (`context_tasks`) or lack
+    a `kv_len` axis: each a measured or interpolated answer of `resolver` where it has
+    one, else its FLOPs at the device's peak rate (collectives: nothing)."""
     graph = build_task_graph(cfg.model, cfg.pool.plan, batch, cfg.precision,
                              **stack_options(stack))
-    total, any_measured = 0.0, False
+    compute, comm, any_measured = 0.0, 0.0, False
     for t in graph.tasks:
         if t.kind is TaskKind.VIEW or ("kv_len" in t.work.axes) != context_tasks:
             continue
@@ -233,8 +240,11 @@ def _measured_sum(cfg: ServeConfig, batch: Batch, stack, system: System,
                 latency, any_measured = est.latency_s, True
         if latency is None:
             latency = _peak_s(t, system) if t.kind is TaskKind.COMPUTE else 0.0
-        total += latency * t.count
-    return total, any_measured
+        if t.kind is TaskKind.COMMUNICATION:
+            comm += latency * t.count
+        else:
+            compute += latency * t.count
+    return compute, comm, any_measured
 
 
 def _peak_s(task, system: System) -> float:
