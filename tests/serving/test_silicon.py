@@ -127,6 +127,22 @@ def test_layout_and_concurrency_come_from_the_layout_fields_only():
     assert (cfg.pool.plan.tp, cfg.pool.plan.dp, cfg.concurrency) == (2, 2, 96)
 
 
+def test_an_expert_layout_wider_than_the_attention_layout_is_inconsistent():
+    # moe_tp x moe_ep must span the tp x attention-DP GPUs; a MoE TP of 2 on a one-GPU
+    # layout (a public H200 Qwen3-235B-A22B-FP8 row) gets that reason, not a guess
+    from perfcast.serving.silicon import RowError
+    moe = dict(model_path="Qwen/Qwen3-30B-A3B", backend="vllm", backend_version="0.12.0")
+    with pytest.raises(RowError, match="moe_tp 2 x moe_ep 1 != tp 1 x attention-dp 1"):
+        _agg_row(tp_size="1", moe_tp_size="2", **moe)
+    with pytest.raises(RowError, match="moe_tp 4 x moe_ep 1 != tp 2"):
+        _agg_row(tp_size="2", moe_tp_size="4", **moe)
+    # moe_tp 1, unset or matching, and a dense model's filler of any value, are fine
+    for kw in (dict(moe_tp_size="1", **moe), dict(moe_tp_size="", **moe),
+               dict(moe_tp_size="4", **moe), dict(tp_size="2", moe_tp_size="4")):
+        cfg, _ = _agg_row(**kw)
+        assert cfg.pool.plan.tp == int(kw.get("tp_size", 4))
+
+
 def test_client_in_flight_must_not_be_negative():
     from perfcast.core.errors import ConfigError
     from perfcast.serving.backends import SchedulerConfig

@@ -33,6 +33,7 @@ from perfcast.serving.silicon_bounds import (above_compute_bound, above_measured
 from perfcast.serving.silicon_recipes import (disagg_recipe, graphs_up_to, harness_recipe,
                                               launch_settings)
 from perfcast.workload import ModelSpec, ParallelPlan, Precision, load_model_spec
+from perfcast.workload.families.traits import has_routed_experts
 from perfcast.workload.model_spec import model_spec_from_config
 from perfcast.workload.quant import LINEAR_ACTIONS, precision_for_model
 from perfcast.workload.stacks import resolve_stack
@@ -310,8 +311,9 @@ def scale_up_gpus(system: System, rules: dict) -> int:
     return int(capacity) if capacity else int(rules["harness"].get("nodes_gpus", 8))
 
 
-def _layout(row: dict, prefix: str = "") -> tuple[ParallelPlan, int]:
-    """(plan, attention-DP size) of the layout fields `<prefix>tp_size`, ... of a row."""
+def _layout(row: dict, prefix: str = "", *, experts: bool = False) -> tuple[ParallelPlan, int]:
+    """(plan, attention-DP size) of the layout fields `<prefix>tp_size`, ... of a row;
+    `experts`: the model has routed experts, whose layout fields must then add up."""
     tp = _int(row, f"{prefix}tp_size")
     pp = _int(row, f"{prefix}pp_size", 1)
     adp = _int(row, f"{prefix}attention_dp_size", 1) or 1
@@ -319,13 +321,16 @@ def _layout(row: dict, prefix: str = "") -> tuple[ParallelPlan, int]:
     moe_tp = _int(row, f"{prefix}moe_tp_size", 0)
     if tp < 1 or pp < 1:
         raise RowError(f"{prefix}tp_size and {prefix}pp_size must be >= 1")
-    if ep > 1 and moe_tp * ep not in (0, tp * adp):
+    # the expert layout spans the attention layout's GPUs: moe_tp x moe_ep = tp x
+    # attention-dp (moe_tp 0 or 1 with moe_ep 1: not given; a dense model's are filler)
+    if (ep > 1 or (experts and moe_tp > 1)) and moe_tp * ep not in (0, tp * adp):
         raise RowError(f"inconsistent layout: {prefix}moe_tp {moe_tp} x {prefix}moe_ep {ep} != "
                        f"{prefix}tp {tp} x {prefix}attention-dp {adp}")
     return ParallelPlan(tp=tp, pp=pp, dp=adp, ep=ep, moe_tp=moe_tp if ep > 1 else 0), adp
 
 
-def _agg_layout(row: dict, rules: dict, node: int) -> tuple[ParallelPlan, int]:
+def _agg_layout(row: dict, rules: dict, node: int, *, experts: bool = False
+                ) -> tuple[ParallelPlan, int]:
     tp = _int(row, "tp_size")
     pp = _int(row, "pp_size", 1)
     adp = _int(row, "attention_dp_size", 1) or 1
@@ -333,7 +338,7 @@ def _agg_layout(row: dict, rules: dict, node: int) -> tuple[ParallelPlan, int]:
     if tp >= 1 and pp >= 1 and gpus > node:
         raise RowError(f"inconsistent layout: tp {tp} x pp {pp} x attention-dp {adp} = {gpus} "
                        f"GPUs exceeds one {node}-GPU node (scale-up domain) of the system")
-    return _layout(row)
+    return _layout(row, experts=experts)
 
 
 def row_config(row: dict, models: ModelResolver, rules: dict,
@@ -363,11 +368,13 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
     harness = rules["harness"]
     mode = row["mode"].strip()
     if mode == "agg":
-        plan, adp = _agg_layout(row, rules, scale_up_gpus(system, rules))
+        plan, adp = _agg_layout(row, rules, scale_up_gpus(system, rules),
+                                experts=has_routed_experts(model))
         conc = _clients(row, "batch_size", adp, f"attention-DP {adp}")
         pool, decode_pool = Pool(plan), None
     elif mode == "disagg":
-        pool, decode_pool, conc, layout_notes = _disagg_layout(row, system, rules)
+        pool, decode_pool, conc, layout_notes = _disagg_layout(
+            row, system, rules, experts=has_routed_experts(model))
         notes.extend(layout_notes)
     else:
         raise RowError(f"mode {mode!r} is neither agg nor disagg")
@@ -454,7 +461,7 @@ def row_config(row: dict, models: ModelResolver, rules: dict,
 WORKER_FIELDS = ("prefill_num_workers", "decode_num_workers", "decode_batch_size")
 
 
-def _disagg_layout(row: dict, system: System, rules: dict
+def _disagg_layout(row: dict, system: System, rules: dict, *, experts: bool = False
                    ) -> tuple[Pool, Pool, int, list[str]]:
     """(prefill pool, decode pool, client concurrency, assumptions) of a disagg row.
     Concurrency = decode_batch_size x decode workers x decode attention-DP (reference
@@ -472,7 +479,7 @@ def _disagg_layout(row: dict, system: System, rules: dict
     node = scale_up_gpus(system, rules)
     pools, notes = [], []
     for role in ("prefill", "decode"):
-        plan, _ = _layout(row, f"{role}_")
+        plan, _ = _layout(row, f"{role}_", experts=experts)
         workers = _int(row, f"{role}_num_workers")
         if workers < 1:
             raise RowError(f"{role}_num_workers must be >= 1")
