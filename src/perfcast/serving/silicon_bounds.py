@@ -170,7 +170,7 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
     after it), so its compute and collectives add, as the step cost model prices them;
     for a model with routed experts the bound takes the larger of the two, since engines
     can overlap the expert all-to-all with the other micro-batch's compute (vLLM's dual
-    batch overlap, `--enable-dbo`, docs/design/dbo.md; SGLang's two-batch overlap), an
+    batch overlap, `--enable-dbo`, vLLM docs/design/dbo.md; SGLang's two-batch overlap), an
     opt-in launch flag no row records. Prompts are packed as well as
     the engine can: the context-free tasks (GEMMs, norms, collectives) are priced per
     token at the largest step the engine forms (its token budget), which the tables
