@@ -159,6 +159,23 @@ def test_validate_rows_refuses_a_row_its_own_evidence_contradicts():
     assert not res.predicted and "measured kernels" in res.reason
     (res,) = validate_rows([row], evidence_for=evidence_for(1e-6))
     assert "measured kernels" not in (res.reason or "")
+    # Little's law holds for means: a row read as medians is not screened
+    (res,) = validate_rows([row], evidence_for=evidence_for(2e-3), statistic="p50")
+    assert "contradicts" not in (res.reason or "")
+    (res,) = validate_rows([_row("200", "5")], statistic="p50")
+    assert "contradicts" not in (res.reason or "")
+
+
+def test_a_declared_prefix_cache_lifts_the_measured_prefill_bound():
+    from dataclasses import replace
+
+    from perfcast.serving.silicon_bounds import above_measured_prefill
+    rules = load_rules()
+    cfg, _ = row_config({**_row("100", "50"), "isl": "1024", "osl": "128"},
+                        ModelResolver(None, rules), rules)
+    assert above_measured_prefill(cfg, 100.0, 50.0, (_Fixed(2e-3),), None)
+    cached = replace(cfg, prefix_cache_hit_rate=0.5)
+    assert above_measured_prefill(cached, 100.0, 50.0, (_Fixed(2e-3),), None) is None
 
 
 def test_moe_rows_bound_by_the_larger_of_compute_and_collectives():

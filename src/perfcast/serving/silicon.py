@@ -579,9 +579,12 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
                 cfg = replace(cfg, seed=seed)
             res.isl, res.osl, res.concurrency = cfg.isl, cfg.osl, cfg.concurrency
             res.assumptions = notes + ([harness_note(harness)] if harness else [])
-            contradiction = (below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
-                             or above_compute_bound(cfg, res.measured_ttft_ms,
-                                                    res.measured_tpot_ms))
+            # the screens apply Little's law, which holds for the requests' means (the
+            # default statistic); a row read as medians is not screened
+            means = statistic == "mean"
+            contradiction = means and (
+                below_memory_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms)
+                or above_compute_bound(cfg, res.measured_ttft_ms, res.measured_tpot_ms))
             if contradiction:
                 raise RowError(contradiction)
             providers, context = (), None
@@ -590,8 +593,8 @@ def _validate_rows(rows, configs_dir, evidence_for, progress, overheads, statist
                 providers, context = ev.providers, (ev.context if ev.providers else None)
                 if ev.note:
                     res.assumptions.append(ev.note)
-                contradiction = above_measured_prefill(cfg, res.measured_ttft_ms,
-                                                       res.measured_tpot_ms, providers, context)
+                contradiction = means and above_measured_prefill(
+                    cfg, res.measured_ttft_ms, res.measured_tpot_ms, providers, context)
                 if contradiction:
                     raise RowError(contradiction)
             if analytic_for:

@@ -115,10 +115,10 @@ def _prefill_demand(cfg: ServeConfig, ttft_ms: float, tpot_ms: float
     """(completed requests per second, shortest prompt, attention-DP ranks, one-prompt-per-
     rank prefill steps per second and device) of a closed-loop row, or None.
 
-    Requests complete at C / e2e per second (Little's law), e2e = TTFT + (osl - 1) x
-    TPOT with the row's largest output length (the mean is shorter, so this undercounts
-    the rate); each prefilled at least `range_ratio x isl` tokens (the shortest prompt
-    the harness samples)."""
+    Requests complete at C / e2e per second (Little's law, for the requests' mean TTFT
+    and TPOT), e2e = TTFT + (osl - 1) x TPOT with the row's largest output length (the
+    mean is shorter, so this undercounts the rate); each prefilled at least
+    `range_ratio x isl` tokens (the shortest prompt the harness samples)."""
     if not cfg.concurrency or not isinstance(cfg.model, ModelSpec):
         return None
     e2e_s = 1e-3 * (ttft_ms + max(cfg.osl - 1, 0) * tpot_ms)
@@ -160,7 +160,8 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
                            providers: Sequence[CostProvider],
                            context: CostQueryContext | None) -> str | None:
     """Why a row's measured throughput needs more prefill time than the system's own
-    measured kernels take, or None (also None without measured providers).
+    measured kernels take, or None (also None without measured providers, or with a
+    declared prefix-cache hit rate).
 
     The bound of `above_compute_bound` with the peak rate replaced, where the row's
     evidence measured a task, by that measurement (a table's answer, measured or
@@ -178,8 +179,8 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
     peak rate of one prompt's FLOPs."""
     measured = list(providers)
     demand = _prefill_demand(cfg, ttft_ms, tpot_ms)
-    if demand is None or not measured:
-        return None
+    if demand is None or not measured or cfg.prefix_cache_hit_rate:
+        return None   # (a declared prefix cache serves part of every prompt)
     rate, prompt, dp, steps_per_s = demand
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     budget = max(prompt, int(cfg.backend.scheduler.token_budget or prompt))
