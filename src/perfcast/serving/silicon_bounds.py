@@ -13,7 +13,7 @@ from perfcast.evidence.queries import query_for_task
 from perfcast.evidence.resolver import CostResolver
 from perfcast.hardware import System, load_system
 from perfcast.serving.deploy import ServeConfig
-from perfcast.serving.step_cost import stack_options
+from perfcast.serving.step_cost import built_halves, stack_options
 from perfcast.workload import Batch, ModelSpec, ParallelPlan, Precision, TaskKind
 from perfcast.workload.build import build_task_graph
 from perfcast.workload.families.traits import has_routed_experts
@@ -156,31 +156,34 @@ def above_compute_bound(cfg: ServeConfig, ttft_ms: float, tpot_ms: float) -> str
             f"measurement contradicts the deployment it describes")
 
 
-def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
-                           providers: Sequence[CostProvider],
-                           context: CostQueryContext | None) -> str | None:
-    """Why a row's measured throughput needs more prefill time than the system's own
-    measured kernels take, or None (also None without measured providers, or with a
-    declared prefix-cache hit rate).
+def measured_prefill_demand(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
+                            providers: Sequence[CostProvider],
+                            context: CostQueryContext | None
+                            ) -> tuple[float, float, int, int] | None:
+    """(device-seconds of prefill per second, completed requests per second, prompt
+    tokens, step tokens) a row's measured throughput needs by the system's own measured
+    kernels, or None (no measured providers, none of the prompt's context-free tasks
+    measured, or a declared prefix-cache hit rate: the cache serves part of every
+    prompt).
 
-    The bound of `above_compute_bound` with the peak rate replaced, where the row's
-    evidence measured a task, by that measurement (a table's answer, measured or
-    interpolated between measured points; any other task counts at the peak rate of its
-    FLOPs, a collective without a measurement as free). A dense model's forward pass is
-    one chain of kernels (each all-reduce needs the GEMM before it and feeds the norm
-    after it), so its compute and collectives add, as the step cost model prices them;
-    for a model with routed experts the bound takes the larger of the two, since engines
-    can overlap the expert all-to-all with the other micro-batch's compute (vLLM's dual
-    batch overlap, `--enable-dbo`, vLLM docs/design/dbo.md; SGLang's two-batch overlap), an
-    opt-in launch flag no row records. Prompts are packed as well as
-    the engine can: the context-free tasks (GEMMs, norms, collectives) are priced per
-    token at the largest step the engine forms (its token budget), which the tables
-    price at their lowest time per token; attention, whose work is per sequence, at the
-    peak rate of one prompt's FLOPs."""
+    The demand of `above_compute_bound` with each task priced, where the row's evidence
+    measured it, by that measurement (a table's answer, measured or interpolated between
+    measured points); any other task counts at the peak rate of its FLOPs, a collective
+    without a measurement as free. A dense model's forward pass is one chain of kernels
+    (each all-reduce needs the GEMM before it and feeds the norm after it), so its
+    compute and collectives add, as the step cost model prices them; for a model with
+    routed experts the time is the larger of the two, since engines can overlap the
+    expert all-to-all with the other micro-batch's compute (vLLM's dual batch overlap,
+    `--enable-dbo`, vLLM docs/design/dbo.md; SGLang's two-batch overlap), an opt-in
+    launch flag no row records. Prompts are packed as well as the engine can: the
+    context-free tasks (GEMMs, norms, collectives) are priced per token at the largest
+    step the engine forms (its token budget), which the tables price at their lowest
+    time per token; attention, whose work is per sequence, at the peak rate of one
+    prompt's FLOPs."""
     measured = list(providers)
     demand = _prefill_demand(cfg, ttft_ms, tpot_ms)
     if demand is None or not measured or cfg.prefix_cache_hit_rate:
-        return None   # (a declared prefix cache serves part of every prompt)
+        return None
     rate, prompt, dp, steps_per_s = demand
     system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     budget = max(prompt, int(cfg.backend.scheduler.token_budget or prompt))
@@ -192,9 +195,9 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
     hit = _GRAPH_SUMS.get(key)
     if hit is None:
         stack = _stack_of(cfg, system)
-        resolver = CostResolver(measured)
         compute_s, comm_s, free_measured = _measured_sum(
-            cfg, Batch.prefill(dp, budget), stack, system, resolver, context, context_tasks=False)
+            cfg, Batch.prefill(dp, budget), stack, system, CostResolver(measured), context,
+            context_tasks=False)
         attn_s, _, _ = _measured_sum(cfg, Batch.prefill(dp, prompt), stack, system, None,
                                      context, context_tasks=True)
         scale = prompt / budget
@@ -206,9 +209,20 @@ def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
             _GRAPH_SUMS.clear()
         _GRAPH_SUMS[key] = hit
     busy_s, any_measured = hit
-    needed = busy_s * steps_per_s
-    if not any_measured or needed <= 1.0:
+    return (busy_s * steps_per_s, rate, prompt, budget) if any_measured else None
+
+
+def above_measured_prefill(cfg: ServeConfig, ttft_ms: float, tpot_ms: float,
+                           providers: Sequence[CostProvider],
+                           context: CostQueryContext | None) -> str | None:
+    """Why a row's measured throughput needs more prefill time than the system's own
+    measured kernels take (`measured_prefill_demand` above 1 device-second per second),
+    or None."""
+    demand = measured_prefill_demand(cfg, ttft_ms, tpot_ms, providers, context)
+    if demand is None or demand[0] <= 1.0:
         return None
+    needed, rate, prompt, budget = demand
+    system = cfg.system if isinstance(cfg.system, System) else load_system(cfg.system)
     return (f"the measured TTFT and TPOT complete {rate:.1f} requests/s (Little's law on "
             f"{cfg.concurrency} clients), whose prompts of at least {prompt} tokens need "
             f"{needed:.2f} s per second on each device by {system.name}'s measured kernels "
@@ -221,14 +235,16 @@ def _measured_sum(cfg: ServeConfig, batch: Batch, stack, system: System,
                   resolver: CostResolver | None, context: CostQueryContext,
                   *, context_tasks: bool) -> tuple[float, float, bool]:
     """(compute seconds, collective seconds, whether any task had a measurement) over the
-    compute and collective tasks of `batch`'s graph that have (`context_tasks`) or lack
-    a `kv_len` axis: each a measured or interpolated answer of `resolver` where it has
-    one, else its FLOPs at the device's peak rate (collectives: nothing)."""
-    graph = build_task_graph(cfg.model, cfg.pool.plan, batch, cfg.precision,
-                             **stack_options(stack))
+    context tasks (`context_tasks`) or the context-free ones of `batch`'s graph
+    (`step_cost.built_halves`, shared with the step cost model): each a measured or
+    interpolated answer of `resolver` where it has one, else its FLOPs at the device's
+    peak rate (collectives: nothing)."""
+    segments = tuple((s.num_requests, s.q_tokens, s.context_tokens) for s in batch.segments)
+    (free, ctx), _ = built_halves(cfg.model, cfg.pool.plan, cfg.precision, batch, segments,
+                                  stack, keep_free=not context_tasks)
     compute, comm, any_measured = 0.0, 0.0, False
-    for t in graph.tasks:
-        if t.kind is TaskKind.VIEW or ("kv_len" in t.work.axes) != context_tasks:
+    for t in (ctx if context_tasks else free):
+        if t.kind is TaskKind.VIEW:
             continue
         latency = None
         if resolver is not None:
