@@ -125,6 +125,24 @@ def test_zero_sized_parquet_rows_are_left_out_and_said(tmp_path):
     assert "zero-sized shape (m=0)" in out.output and "(rows 5, 7)" in out.output
 
 
+def test_rows_of_an_unmodelled_quant_mode_are_left_out_and_said(tmp_path):
+    """AIConfigurator's SmoothQuant INT8 GEMM rows (`gemm_dtype` sq) have no perfcast
+    dtype: the import leaves them out, names them and imports the rest of the table."""
+    folder = tmp_path / "h100_sxm" / "gemm" / "vllm" / "0.19.0"
+    shutil.copytree(AIC / "gemm" / "vllm" / "0.19.0", folder)
+    t = pq.read_table(folder / "gemm_perf.parquet")
+    values = t.column("gemm_dtype").to_pylist()
+    values[3] = values[8] = "sq"
+    i = t.column_names.index("gemm_dtype")
+    pq.write_table(t.set_column(i, "gemm_dtype", pa.array(values)),
+                   folder / "gemm_perf.parquet")
+    out = run("import", "aiconfigurator", tmp_path / "h100_sxm", "--store", tmp_path / "store")
+    assert out.exit_code == 0, out.output
+    assert f"{t.num_rows - 2} records" in out.output
+    assert ("left out 2 row(s) of gemm/vllm/0.19.0/gemm_perf.parquet: quant mode perfcast "
+            "does not model: sq (W8A8 SmoothQuant INT8) (rows 3, 8)") in out.output
+
+
 @pytest.mark.parametrize("csv_text,needles", [
     ("id,op,M,t_us\na,gemm,1,2\nb,gemm,2,2,9\n",
      ("lab.csv", "row 1 (line 3)", "5 cells, the header has 4")),

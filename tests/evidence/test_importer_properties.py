@@ -145,3 +145,48 @@ def test_the_property_tables_import_when_nothing_is_broken(folder):
     shutil.copy(GEMM, folder / "gemm_perf.parquet")
     assert len(import_table(folder / "gemm_perf.parquet", hardware="h100_sxm",
                             framework="vllm", version="0.19.0")) == 148
+
+
+@SETTINGS
+@given(st.data())
+def test_rows_of_an_unmodelled_quant_mode_are_left_out_and_listed(folder, data):
+    """AIConfigurator quant modes perfcast has no dtype for (e.g. `sq`, SmoothQuant INT8,
+    which its Ampere GEMM collector writes) leave their rows out with the reason; the
+    other rows import under their own row numbers, zero-sized shapes still counted by
+    theirs."""
+    table = pq.read_table(GEMM)
+    n = table.num_rows
+    rows = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=8)))
+    mode = data.draw(st.sampled_from(["sq", "fp8_static", "FP8_OOTB", "w4afp8"]))
+    dtypes = table.column("gemm_dtype").to_pylist()
+    for r in rows:
+        dtypes[r] = mode
+    zero = data.draw(st.sampled_from([r for r in range(n) if r not in rows][:50]))
+    ms = table.column("m").to_pylist()
+    ms[zero] = 0
+    for name, values in (("gemm_dtype", dtypes), ("m", ms)):
+        i = table.column_names.index(name)
+        table = table.set_column(i, name, pa.array(values, table.schema.field(name).type))
+    pq.write_table(table, folder / "gemm_perf.parquet")
+    db = import_table(folder / "gemm_perf.parquet", hardware="h100_sxm", framework="vllm",
+                      version="0.19.0")
+    source = db.sources[0]
+    left = source["left_out_quant_modes"]
+    assert left["rows"] == len(rows) and left["first_rows"] == rows[:5]
+    assert mode.lower() in left["reason"]
+    assert source["left_out"]["first_rows"] == [zero]
+    assert len(db) == source["rows"] == n - len(rows) - 1
+    kept = {int(r.rsplit("#", 1)[1]) for r in db.table.column("record_id").to_pylist()}
+    assert kept == set(range(n)) - set(rows) - {zero}
+    assert "" not in set(db.table.column("dtype").to_pylist())
+
+
+def test_a_table_of_unmodelled_quant_modes_only_fails_naming_them(folder):
+    table = pq.read_table(GEMM)
+    i = table.column_names.index("gemm_dtype")
+    table = table.set_column(i, "gemm_dtype", pa.array(["sq"] * table.num_rows))
+    pq.write_table(table, folder / "gemm_perf.parquet")
+    with pytest.raises(ConfigError, match=r"every row is of a quant mode perfcast does not "
+                                          r"model: sq \(W8A8 SmoothQuant INT8\)"):
+        import_table(folder / "gemm_perf.parquet", hardware="h100_sxm", framework="vllm",
+                     version="0.19.0")

@@ -64,3 +64,20 @@ def test_per_tensor_label_on_a_block_fp8_checkpoint_keeps_the_block_scales():
     plain, _ = config("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", "", "", "")
     assert p.linear("moe.experts") == plain.linear("moe.experts")
     assert p.weight == plain.weight
+
+
+def test_aiconfigurator_spellings_of_the_labels_are_read():
+    """The labels in AIConfigurator's own vocabulary (sdk/common.py GEMMQuantMode):
+    bfloat16 is unquantised, int8_wo int8 weights on bf16 activations, sq (SmoothQuant)
+    int8 on int8, fp8_static fp8; an unknown one is refused with the known list."""
+    linears = {g: config("Qwen/Qwen3-32B", "a100_sxm", g, "", "")[0].linear("attn.qkv")
+               for g in ("bfloat16", "int8_wo", "sq")}
+    assert linears == {"bfloat16": ("bf16", "bf16"), "int8_wo": ("int8", "bf16"),
+                       "sq": ("int8", "int8")}
+    p, _ = config("Qwen/Qwen3-32B", "h100_sxm", "fp8_static", "")
+    assert p.linear("attn.qkv") == ("fp8", "fp8")
+    import pytest
+
+    from perfcast.serving.silicon import RowError
+    with pytest.raises(RowError, match=r"gemm_quant_mode 'fp7' is not modelled \(known: "):
+        config("Qwen/Qwen3-32B", "h100_sxm", "fp7", "")

@@ -95,11 +95,12 @@ def _report_import(db, store_path: Optional[Path]) -> None:
                                             if len(paths) > 4 else "")
             typer.echo(f"  {len(paths)} {reason}: {shown}")
     for s in db.sources:
-        if s.get("left_out"):
-            lo = s["left_out"]
-            typer.echo(f"left out {lo['rows']} row(s) of {s['path']}: {lo['reason']} "
-                       f"(rows {', '.join(map(str, lo['first_rows']))}"
-                       f"{', ...' if lo['rows'] > len(lo['first_rows']) else ''})")
+        for key in ("left_out_quant_modes", "left_out"):
+            if s.get(key):
+                lo = s[key]
+                typer.echo(f"left out {lo['rows']} row(s) of {s['path']}: {lo['reason']} "
+                           f"(rows {', '.join(map(str, lo['first_rows']))}"
+                           f"{', ...' if lo['rows'] > len(lo['first_rows']) else ''})")
         if s.get("unused_columns"):
             typer.echo(f"not imported: column(s) {', '.join(s['unused_columns'])} of "
                        f"{s['path']} (not in the import spec)")

@@ -64,6 +64,17 @@ MS = 1e-3
 
 # AIConfigurator spellings that perfcast.core.dtypes does not know.
 DTYPE_ALIASES = {"w4a16_mxfp4": DType.MXFP4, "half": DType.FP16}
+# AIConfigurator quant modes perfcast has no dtype for (ai-dynamo/aiconfigurator
+# sdk/common.py GEMMQuantMode, MoEQuantMode): their rows are left out of an import and
+# said, the rest of the table imports. Each would collide with a modelled dtype's rows
+# of the same shapes (fp8_static and fp8_ootb with fp8, sq with int8_wo, w4afp8 with
+# int4_wo) if it were read as one. Any other unknown spelling fails the table.
+UNMODELLED_QUANT_MODES = {
+    "sq": "W8A8 SmoothQuant INT8",
+    "fp8_static": "FP8 with static per-tensor scales",
+    "fp8_ootb": "FP8 of TensorRT-LLM's TensorRT-engine backend",
+    "w4afp8": "INT4 weights with FP8 activations",
+}
 # Communication libraries: no serving runtime; their version becomes this selector.
 LIBRARY_VERSION_KEY = {"nccl": "nccl_version"}
 # Upstream collective names -> perfcast operations.
@@ -90,7 +101,8 @@ def plus(a: str, b: str) -> Column:
 
 def dtype_of(name: str) -> Column:
     return lambda t, src: (canonical_dtypes(t.column(name), source=src, field=name,
-                                            aliases=DTYPE_ALIASES), "str")
+                                            aliases=DTYPE_ALIASES,
+                                            unmodelled=UNMODELLED_QUANT_MODES), "str")
 
 
 def text(name: str) -> Column:
@@ -302,7 +314,8 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         "operation": operation,
         "hardware": const(hardware, n),
         "dtype": canonical_dtypes(table.column(mapping.dtype_column), source=src,
-                                  field=mapping.dtype_column, aliases=DTYPE_ALIASES),
+                                  field=mapping.dtype_column, aliases=DTYPE_ALIASES,
+                                  unmodelled=UNMODELLED_QUANT_MODES),
         "latency_s": latency_seconds(table.column("latency"), MS, source=src, field="latency"),
         "source": const(SOURCE, n), "source_revision": const(revision, n),
         "importer": const(IMPORTER, n), "importer_revision": const(IMPORTER_REVISION, n),
@@ -311,19 +324,59 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         "metadata": const("", n),
     })
     source = {"path": rel, "digest": digest, "rows": n, "revision": revision, **meta}
+    unmodelled = _unmodelled_rows(table, mapping)
+    kept_rows = None   # the table's row numbers still in `columns`, once some are left out
+    if unmodelled is not None:
+        # a quant mode perfcast has no dtype for: left out, and said
+        rows, spellings = unmodelled
+        if len(rows) == n:
+            raise ConfigError(
+                "every row is of a quant mode perfcast does not model: " + ", ".join(
+                    f"{k} ({UNMODELLED_QUANT_MODES[k]})" for k in spellings), source=src,
+                field=mapping.dtype_column)
+        keep = np.ones(n, dtype=bool)
+        keep[rows] = False
+        columns = {k: v.filter(pa.array(keep)) for k, v in columns.items()}
+        zero_sized = {k: v[keep] for k, v in zero_sized.items()}
+        kept_rows = np.flatnonzero(keep)
+        source["left_out_quant_modes"] = {
+            "reason": "quant mode perfcast does not model: " + ", ".join(
+                f"{k} ({UNMODELLED_QUANT_MODES[k]})" for k in spellings),
+            "rows": int(len(rows)), "first_rows": [int(r) for r in rows[:5]]}
+        source["rows"] = n - int(len(rows))
     if zero_sized:
         # a zero-sized shape answers no query (query dims are > 0): left out, and said
         dropped = np.logical_or.reduce(list(zero_sized.values()))
-        keep = pa.array(~dropped)
-        columns = {k: v.filter(keep) for k, v in columns.items()}
-        rows = np.flatnonzero(dropped)
+        rows = np.flatnonzero(dropped) if kept_rows is None else kept_rows[dropped]
+        columns = {k: v.filter(pa.array(~dropped)) for k, v in columns.items()}
         source["left_out"] = {
             "reason": "zero-sized shape (" + ", ".join(f"{k}=0" for k in sorted(zero_sized))
                       + "): no query asks it",
             "rows": int(len(rows)), "first_rows": [int(r) for r in rows[:5]]}
-        source["rows"] = n - int(len(rows))
+        source["rows"] = source["rows"] - int(len(rows))
     return PerformanceDatabase.from_columns(columns, name=f"aiconfigurator:{rel}",
                                             sources=[source])
+
+
+def _unmodelled_rows(table: pa.Table, mapping: TableMapping
+                     ) -> tuple[np.ndarray, list[str]] | None:
+    """(row numbers, spellings) of the rows whose dtype columns hold an
+    `UNMODELLED_QUANT_MODES` spelling (canonical_dtypes gave them ""); None if none."""
+    names = [mapping.dtype_column] + [c for c in ("kv_cache_dtype",)
+                                      if c in mapping.required]
+    hit = np.zeros(table.num_rows, dtype=bool)
+    spellings: set[str] = set()
+    for name in names:
+        raw = table.column(name).combine_chunks().cast(pa.string())
+        low = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+        mask = np.asarray(pc.is_in(low, pa.array(sorted(UNMODELLED_QUANT_MODES)))
+                          .to_numpy(zero_copy_only=False), dtype=bool)
+        if mask.any():
+            hit |= mask
+            spellings |= set(pc.unique(low.filter(pa.array(mask))).to_pylist())
+    if not hit.any():
+        return None
+    return np.flatnonzero(hit), sorted(spellings)
 
 
 def table_system(table: pa.Table, hardware: str | None, src: str) -> str:
@@ -521,7 +574,8 @@ def pairs_at_most(root: str | Path) -> frozenset | None:
                     names.append("op_name")
                 table = pq.read_table(path, columns=names)
                 dtypes = canonical_dtypes(table.column(mapping.dtype_column), source=str(path),
-                                          field=mapping.dtype_column, aliases=DTYPE_ALIASES)
+                                          field=mapping.dtype_column, aliases=DTYPE_ALIASES,
+                                          unmodelled=UNMODELLED_QUANT_MODES)
                 if mapping.operation is None:
                     ops = table.column("op_name").combine_chunks().cast(pa.string())
                     if ops.null_count:
@@ -532,6 +586,8 @@ def pairs_at_most(root: str | Path) -> frozenset | None:
                     ["operation", "dtype"], use_threads=False).aggregate([])
                 for op, dtype in zip(groups.column("operation").to_pylist(),
                                      groups.column("dtype").to_pylist()):
+                    if not dtype:   # an unmodelled quant mode: never imported
+                        continue
                     if mapping.operation is None:
                         if op not in COLLECTIVES:
                             return None

@@ -4,7 +4,7 @@ latency validation that names the file, row and column."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,11 @@ def require_columns(table: pa.Table, columns, source: str) -> None:
 
 
 def canonical_dtypes(column: pa.ChunkedArray | pa.Array, *, source: str, field: str,
-                     aliases: Mapping[str, DType] | None = None) -> pa.Array:
-    """Map each spelling in `column` to its canonical dtype name (ConfigError if unknown)."""
+                     aliases: Mapping[str, DType] | None = None,
+                     unmodelled: Collection[str] = ()) -> pa.Array:
+    """Map each spelling in `column` to its canonical dtype name (ConfigError if unknown).
+    A spelling in `unmodelled` (a real upstream format perfcast has no dtype for) maps to
+    "" instead, for the caller to leave those rows out and say so."""
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if col.null_count:
         raise ConfigError(f"row {first_null(col)}: empty dtype value", source=source,
@@ -60,6 +63,9 @@ def canonical_dtypes(column: pa.ChunkedArray | pa.Array, *, source: str, field: 
     mapped = []
     for spelling in enc.dictionary.to_pylist():
         key = spelling.strip().lower()
+        if key in unmodelled:
+            mapped.append("")
+            continue
         dt = (aliases or {}).get(key) or parse_dtype(spelling, source=source, field=field)
         mapped.append(dt.value)
     return pa.DictionaryArray.from_arrays(enc.indices, pa.array(mapped, pa.string())) \
