@@ -157,7 +157,8 @@ def test_rows_of_an_unmodelled_quant_mode_are_left_out_and_listed(folder, data):
     table = pq.read_table(GEMM)
     n = table.num_rows
     rows = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=8)))
-    mode = data.draw(st.sampled_from(["sq", "fp8_static", "FP8_OOTB", "w4afp8"]))
+    mode = data.draw(st.sampled_from(["sq", "fp8_static", "FP8_OOTB", "w4afp8",
+                                      "w4a8_mxfp4_mxfp8"]))
     dtypes = table.column("gemm_dtype").to_pylist()
     for r in rows:
         dtypes[r] = mode

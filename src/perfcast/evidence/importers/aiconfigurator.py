@@ -68,12 +68,15 @@ DTYPE_ALIASES = {"w4a16_mxfp4": DType.MXFP4, "half": DType.FP16}
 # sdk/common.py GEMMQuantMode, MoEQuantMode): their rows are left out of an import and
 # said, the rest of the table imports. Each would collide with a modelled dtype's rows
 # of the same shapes (fp8_static and fp8_ootb with fp8, sq with int8_wo, w4afp8 with
-# int4_wo) if it were read as one. Any other unknown spelling fails the table.
+# int4_wo, w4a8_mxfp4_mxfp8 with w4a16_mxfp4: the Blackwell MoE tables hold both, under
+# one kernel_source in TensorRT-LLM's) if it were read as one. Any other unknown
+# spelling fails the table.
 UNMODELLED_QUANT_MODES = {
     "sq": "W8A8 SmoothQuant INT8",
     "fp8_static": "FP8 with static per-tensor scales",
     "fp8_ootb": "FP8 of TensorRT-LLM's TensorRT-engine backend",
     "w4afp8": "INT4 weights with FP8 activations",
+    "w4a8_mxfp4_mxfp8": "MXFP4 weights with MXFP8 activations",
 }
 # Communication libraries: no serving runtime; their version becomes this selector.
 LIBRARY_VERSION_KEY = {"nccl": "nccl_version"}
