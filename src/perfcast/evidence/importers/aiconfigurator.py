@@ -58,7 +58,8 @@ from perfcast.evidence.importers.common import (
 )
 
 IMPORTER = "aiconfigurator"
-IMPORTER_REVISION = "2"   # 2: MLA kernel rows keyed by local heads (no tp_size)
+IMPORTER_REVISION = "3"   # 2: MLA kernel rows keyed by local heads (no tp_size); 3: rows of
+# unmodelled quant modes left out (w4a8_mxfp4_mxfp8 was read as mxfp4)
 SOURCE = "aiconfigurator"
 MS = 1e-3
 
