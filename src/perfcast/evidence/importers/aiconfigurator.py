@@ -328,7 +328,7 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
         "metadata": const("", n),
     })
     source = {"path": rel, "digest": digest, "rows": n, "revision": revision, **meta}
-    unmodelled = _unmodelled_rows(table, mapping)
+    unmodelled = _unmodelled_rows(table, columns, mapping)
     kept_rows = None   # the table's row numbers still in `columns`, once some are left out
     if unmodelled is not None:
         # a quant mode perfcast has no dtype for: left out, and said
@@ -362,22 +362,25 @@ def import_table(path: str | Path, *, hardware: str | None, framework: str, vers
                                             sources=[source])
 
 
-def _unmodelled_rows(table: pa.Table, mapping: TableMapping
+def _unmodelled_rows(table: pa.Table, columns: dict[str, pa.Array], mapping: TableMapping
                      ) -> tuple[np.ndarray, list[str]] | None:
     """(row numbers, spellings) of the rows whose dtype columns hold an
-    `UNMODELLED_QUANT_MODES` spelling (canonical_dtypes gave them ""); None if none."""
-    names = [mapping.dtype_column] + [c for c in ("kv_cache_dtype",)
-                                      if c in mapping.required]
+    `UNMODELLED_QUANT_MODES` spelling (canonical_dtypes mapped them to ""); None if none."""
+    mapped = [("dtype", mapping.dtype_column)]
+    if "kv_cache_dtype" in mapping.required:
+        mapped.append((selector_column("kv_dtype", "str"), "kv_cache_dtype"))
     hit = np.zeros(table.num_rows, dtype=bool)
     spellings: set[str] = set()
-    for name in names:
-        raw = table.column(name).combine_chunks().cast(pa.string())
-        low = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
-        mask = np.asarray(pc.is_in(low, pa.array(sorted(UNMODELLED_QUANT_MODES)))
-                          .to_numpy(zero_copy_only=False), dtype=bool)
+    for name, raw in mapped:
+        if name not in columns:
+            continue
+        mask = np.asarray(pc.equal(columns[name], "").to_numpy(zero_copy_only=False),
+                          dtype=bool)
         if mask.any():
             hit |= mask
-            spellings |= set(pc.unique(low.filter(pa.array(mask))).to_pylist())
+            spellings |= {v.strip().lower() for v in pc.unique(
+                table.column(raw).combine_chunks().cast(pa.string()).filter(pa.array(mask))
+            ).to_pylist()}
     if not hit.any():
         return None
     return np.flatnonzero(hit), sorted(spellings)
